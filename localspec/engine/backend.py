@@ -1,0 +1,393 @@
+"""llama.cpp through llama-cpp-python's low-level C bindings. The only module that touches ctypes.
+
+Why not the high-level `Llama` class: with a draft model attached it requests logits for every
+prompt token (a full output-layer pass each, 152k columns for Qwen), and it hides the KV cache we
+need to roll back. Here each `decode` asks for logits only at the positions the caller names.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+
+from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
+
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+_GGML_LOG_WARN = 3
+_GGML_LOG_CONT = 5
+
+_init_lock = threading.Lock()
+_initialized = False
+_recent_problems: collections.deque[str] = collections.deque(maxlen=12)
+_last_level = 0
+
+
+@L.llama_log_callback
+def _on_log(level: int, text: bytes, _user_data) -> None:
+    """Keep warnings and errors so that a failed load can say why; drop llama.cpp's chatter."""
+    global _last_level
+    if level != _GGML_LOG_CONT:
+        _last_level = level
+    if _last_level >= _GGML_LOG_WARN:
+        line = text.decode("utf-8", "replace").rstrip()
+        if line:
+            _recent_problems.append(line)
+    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+        os.write(2, text)
+
+
+def init() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            L.llama_log_set(_on_log, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _initialized = True
+
+
+def _problems_since(mark: int) -> str:
+    lines = list(_recent_problems)[mark:] if mark < len(_recent_problems) else list(_recent_problems)[-3:]
+    return "; ".join(line for line in lines if "error" in line.lower() or "fail" in line.lower())[:400]
+
+
+# ----------------------------------------------------------------------------- system
+
+
+def supports_gpu_offload() -> bool:
+    init()
+    return bool(L.llama_supports_gpu_offload())
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    description: str
+    kind: str
+    free_bytes: int
+    total_bytes: int
+
+
+def devices() -> list[Device]:
+    """ggml's backend devices (CPU, CUDA, Metal, Vulkan…) with their memory."""
+    init()
+    try:
+        lib = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml.so"))
+    except OSError:
+        return []
+    try:
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
+            fn.restype = ctypes.c_char_p
+            fn.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_type.restype = ctypes.c_int
+        lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    except AttributeError:
+        return []
+    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(Device(
+            name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
+            description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
+            kind=kinds.get(lib.ggml_backend_dev_type(dev), "other"),
+            free_bytes=free.value,
+            total_bytes=total.value,
+        ))
+    return out
+
+
+def system_info() -> str:
+    init()
+    return L.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def bindings_version() -> str:
+    return getattr(L, "__version__", "unknown")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load one GGUF. None means: decide from the machine."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
+    flash_attn: bool | None = None    # None: llama.cpp decides
+
+    def threads(self) -> int:
+        return self.n_threads or max(1, os.cpu_count() or 1)
+
+    def gpu_layers(self) -> int:
+        if self.n_gpu_layers is not None:
+            return self.n_gpu_layers
+        return -1 if supports_gpu_offload() else 0
+
+
+def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0):
+    init()
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"Model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a folder, not a GGUF file.")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(f"{path} is not a GGUF file (it does not start with 'GGUF').")
+    params = L.llama_model_default_params()
+    params.vocab_only = vocab_only
+    params.n_gpu_layers = n_gpu_layers
+    mark = len(_recent_problems)
+    model = L.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        why = _problems_since(mark) or "llama.cpp could not load it"
+        raise ModelFileError(f"Cannot load {path.name}: {why}. The file may be truncated or corrupt; pull it again.")
+    return model
+
+
+class Vocab:
+    """Tokenizer facts and conversions of one loaded model."""
+
+    def __init__(self, model_ptr):
+        self._vocab = L.llama_model_get_vocab(model_ptr)
+        self.n_tokens = L.llama_vocab_n_tokens(self._vocab)
+        self.type = VOCAB_TYPES.get(L.llama_vocab_type(self._vocab), "unknown")
+        self.bos = L.llama_vocab_bos(self._vocab)
+        self.eos = L.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos = bool(L.llama_vocab_get_add_eos(self._vocab))
+        self.fim_pre = L.llama_vocab_fim_pre(self._vocab)
+        self.fim_suf = L.llama_vocab_fim_suf(self._vocab)
+        self.fim_mid = L.llama_vocab_fim_mid(self._vocab)
+        self.fim_pad = L.llama_vocab_fim_pad(self._vocab)
+        self.fim_rep = L.llama_vocab_fim_rep(self._vocab)
+        self.fim_sep = L.llama_vocab_fim_sep(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+
+    def text(self, token: int) -> str:
+        raw = L.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        if token not in self._eog:
+            self._eog[token] = bool(L.llama_vocab_is_eog(self._vocab, token))
+        return self._eog[token]
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token adds to the output text (special tokens add none)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (L.llama_token * capacity)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (L.llama_token * capacity)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+class VocabFile:
+    """A GGUF opened for its vocabulary only (fast; no weights are read)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._model = _load_model(self.path, vocab_only=True)
+        self.vocab = Vocab(self._model)
+
+    def close(self) -> None:
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "VocabFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Model:
+    """One GGUF with one context: decode at explicit positions, roll back the KV cache.
+
+    Only sequence 0 is used. `decode` appends tokens at positions start…start+n-1 and returns logits
+    for the indices listed in `logits_for` only.
+    """
+
+    def __init__(self, path: Path | str, options: ModelOptions | None = None):
+        self.path = Path(path)
+        self.options = options or ModelOptions()
+        self._model = self._ctx = None
+        self._batch = None
+        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers())
+        self.vocab = Vocab(self._model)
+        self.n_vocab = self.vocab.n_tokens
+        self.n_ctx_train = L.llama_model_n_ctx_train(self._model)
+        self.n_layer = L.llama_model_n_layer(self._model)
+        self.size_bytes = L.llama_model_size(self._model)
+        self.n_params = L.llama_model_n_params(self._model)
+        if L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model):
+            self.close()
+            raise ModelFileError(
+                f"{self.path.name} is a recurrent/hybrid model; its state cannot be rolled back token by "
+                "token, which speculative decoding needs."
+            )
+
+        n_ctx = min(self.options.n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else self.options.n_ctx
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = min(self.options.n_batch, n_ctx)
+        cparams.n_ubatch = cparams.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.options.threads()
+        cparams.n_threads_batch = self.options.threads()
+        cparams.no_perf = True
+        if self.options.flash_attn is not None:
+            cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.options.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        mark = len(_recent_problems)
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            why = _problems_since(mark) or "out of memory?"
+            self.close()
+            raise LocalspecError(f"Cannot create a context of {n_ctx} tokens for {self.path.name}: {why}")
+        self.n_ctx = L.llama_n_ctx(self._ctx)
+        self.n_batch = L.llama_n_batch(self._ctx)
+        self._memory = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+
+    # --- metadata
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = L.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    # --- the KV cache
+
+    def decode(self, tokens: list[int], start: int, logits_for: list[int] | tuple[int, ...] = ()) -> np.ndarray:
+        """Evaluate `tokens` at positions start…; return logits rows for the indices in `logits_for`."""
+        if not tokens:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens."
+            )
+        wanted = set(logits_for)
+        rows: dict[int, np.ndarray] = {}
+        batch = self._batch
+        for chunk_start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[chunk_start:chunk_start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            outputs = []
+            for j, token in enumerate(chunk):
+                batch.token[j] = token
+                batch.pos[j] = start + chunk_start + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                want = (chunk_start + j) in wanted
+                batch.logits[j] = want
+                if want:
+                    outputs.append(j)
+            rc = L.llama_decode(self._ctx, batch)
+            if rc == 1:
+                raise ContextOverflowError(f"The KV cache of {self.path.name} is full ({self.n_ctx} tokens).")
+            if rc != 0:
+                raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
+            for j in outputs:
+                ptr = L.llama_get_logits_ith(self._ctx, j)
+                rows[chunk_start + j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return np.stack([rows[i] for i in logits_for]) if logits_for else np.zeros((0, self.n_vocab), np.float32)
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget every position >= n_keep."""
+        if not L.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            L.llama_memory_clear(self._memory, True)
+            raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self._memory, True)
+
+    # --- lifetime
+
+    def close(self) -> None:
+        if self._batch is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def quantize(source: Path, destination: Path, ftype: str = "Q2_K", threads: int | None = None) -> Path:
+    """Requantize a GGUF with llama.cpp's own quantizer (used to make a weaker test draft)."""
+    init()
+    code = getattr(L, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if code is None:
+        raise LocalspecError(f"Unknown quantization type {ftype}.")
+    params = L.llama_model_quantize_default_params()
+    params.ftype = code
+    params.allow_requantize = True
+    params.nthread = threads or (os.cpu_count() or 1)
+    tmp = Path(str(destination) + ".partial")
+    mark = len(_recent_problems)
+    rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise ModelFileError(f"Quantizing {source} failed: {_problems_since(mark) or rc}")
+    os.replace(tmp, destination)
+    return Path(destination)

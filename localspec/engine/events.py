@@ -1,0 +1,149 @@
+"""What the engine tells every front door: one `Round` per draft/verify step, then a `Summary`.
+
+These types are the contract between the engine and the TUI, the server dialects and the bench;
+change them only by adding fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The prompt was brought into the KV cache (only the part not already cached was evaluated)."""
+
+    prompt_tokens: int
+    evaluated: int   # prompt tokens the target actually ran
+    cached: int      # prompt tokens reused from the KV cache
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Round:
+    """One draft -> verify -> accept/reject step."""
+
+    index: int
+    drafter: str                      # "model", "ngram" or "none" (plain decoding)
+    accepted: tuple[int, ...]         # draft tokens the target kept
+    rejected: tuple[int, ...]         # draft tokens the target threw away
+    token: int | None                 # the target's own token (None when the answer ended inside the draft)
+    token_kind: str                   # "correction", "bonus", "plain" or "" (no token)
+    accepted_text: str
+    rejected_text: str
+    token_text: str
+    text: str                         # what this round adds to the answer as streamed (stop strings held back)
+    draft_s: float
+    verify_s: float
+    evidence: int = 0                 # n-gram match length behind the draft, 0 otherwise
+
+    @property
+    def drafted(self) -> int:
+        return len(self.accepted) + len(self.rejected)
+
+    @property
+    def emitted(self) -> int:
+        return len(self.accepted) + (self.token is not None)
+
+    def to_dict(self) -> dict:
+        return {"type": "round", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Summary:
+    text: str
+    stop_reason: str                  # "eog", "length", "stop", "cancelled", "context"
+    prompt_tokens: int
+    prompt_evaluated: int
+    prompt_s: float
+    generated_tokens: int
+    wall_s: float                     # generation only, prompt excluded
+    tokens_per_s: float
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    mean_accepted_per_round: float    # over rounds that drafted anything
+    acceptance_by_position: tuple[float, ...]
+    drafted_by_position: tuple[int, ...]
+    draft_s: float
+    verify_s: float
+    baseline_tokens_per_s: float      # plain decoding on the same target, measured
+    speedup: float
+    drafter: str                      # the drafter setting ("auto", "model", "ngram", "none")
+    rounds_by_drafter: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"type": "summary", **asdict(self)}
+
+    def one_line(self) -> str:
+        return (
+            f"{self.generated_tokens} tokens in {self.wall_s:.2f}s: {self.tokens_per_s:.1f} tok/s "
+            f"(plain {self.baseline_tokens_per_s:.1f} tok/s, {self.speedup:.2f}x), "
+            f"acceptance {self.acceptance_rate:.0%} of {self.drafted} drafted, "
+            f"{self.mean_accepted_per_round:.2f} accepted/round, stop: {self.stop_reason}"
+        )
+
+
+Event = Union[Prefill, Round, Summary]
+
+
+class Tally:
+    """Accumulates rounds into the statistics of a `Summary`."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.drafting_rounds = 0
+        self.generated = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+        self.tried_at: list[int] = []
+        self.kept_at: list[int] = []
+        self.by_drafter: dict[str, int] = {}
+
+    def add(self, r: Round) -> None:
+        self.rounds += 1
+        self.generated += r.emitted
+        self.drafted += r.drafted
+        self.accepted += len(r.accepted)
+        self.draft_s += r.draft_s
+        self.verify_s += r.verify_s
+        self.by_drafter[r.drafter] = self.by_drafter.get(r.drafter, 0) + 1
+        if r.drafted:
+            self.drafting_rounds += 1
+        while len(self.tried_at) < r.drafted:
+            self.tried_at.append(0)
+            self.kept_at.append(0)
+        for i in range(r.drafted):
+            self.tried_at[i] += 1
+            self.kept_at[i] += i < len(r.accepted)
+
+    def summary(self, *, text: str, stop_reason: str, prefill: Prefill, wall_s: float,
+                baseline_tokens_per_s: float, drafter: str) -> Summary:
+        tps = self.generated / wall_s if wall_s > 0 else 0.0
+        return Summary(
+            text=text,
+            stop_reason=stop_reason,
+            prompt_tokens=prefill.prompt_tokens,
+            prompt_evaluated=prefill.evaluated,
+            prompt_s=prefill.seconds,
+            generated_tokens=self.generated,
+            wall_s=wall_s,
+            tokens_per_s=tps,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            mean_accepted_per_round=self.accepted / self.drafting_rounds if self.drafting_rounds else 0.0,
+            acceptance_by_position=tuple(k / t for k, t in zip(self.kept_at, self.tried_at)),
+            drafted_by_position=tuple(self.tried_at),
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            baseline_tokens_per_s=baseline_tokens_per_s,
+            speedup=tps / baseline_tokens_per_s if baseline_tokens_per_s > 0 else 0.0,
+            drafter=drafter,
+            rounds_by_drafter=dict(self.by_drafter),
+        )

@@ -1,0 +1,124 @@
+"""Turning conversations into tokens and tokens into streamed text.
+
+- `ChatTemplate`: the model's own Jinja chat template from its GGUF, rendered with llama-cpp-python's
+  formatter (no hand-written templates; llama.cpp's built-in chatml when a GGUF has none).
+- `TextStream`: incremental UTF-8 decoding across token boundaries, and stop strings that may span
+  tokens: text that could still become a stop string is held back until it cannot.
+- `Conversation`: system prompt plus turns; each turn reuses the KV cache of the previous ones.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+from localspec.engine.events import Event, Summary
+
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplate:
+    def __init__(self, template: str | None, bos_text: str, eos_text: str):
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.source = "gguf" if template else "chatml (the GGUF has no chat template)"
+        self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos_text, bos_token=bos_text)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        try:
+            return self._formatter(messages=list(messages)).prompt
+        except Exception as exc:  # a template's raise_exception or a Jinja error
+            from localspec.errors import LocalspecError
+
+            raise LocalspecError(f"The model's chat template rejected the conversation: {exc}") from None
+
+
+class TextStream:
+    """Bytes of tokens in, visible text out; stops at the first stop string."""
+
+    def __init__(self, stop: Iterable[str] = ()):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop = [s for s in stop if s]
+        self.text = ""          # everything decoded so far
+        self._shown = 0         # how much of `text` was streamed out
+        self.stopped = False
+
+    def piece(self, data: bytes) -> str:
+        """Decode bytes without affecting the stream (for rejected tokens)."""
+        state = self._decoder.getstate()
+        out = self._decoder.decode(data)
+        self._decoder.setstate(state)
+        return out
+
+    def feed(self, data: bytes) -> tuple[str, str]:
+        """(decoded text of these bytes, newly visible text)."""
+        if self.stopped:
+            return "", ""
+        decoded = self._decoder.decode(data)
+        self.text += decoded
+        return decoded, self._release()
+
+    def _release(self) -> str:
+        for s in self.stop:
+            at = self.text.find(s, max(0, self._shown - len(s) + 1))
+            if at != -1:
+                self.text = self.text[:at]
+                self.stopped = True
+                break
+        end = len(self.text)
+        if not self.stopped:
+            end -= self._held_back()
+        out = self.text[self._shown:end] if end > self._shown else ""
+        self._shown = max(self._shown, end)
+        return out
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of a stop string."""
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:n]):
+                    longest = max(longest, n)
+                    break
+        return longest
+
+    def flush(self) -> str:
+        """At the end of generation everything not cut by a stop string becomes visible."""
+        if not self.stopped:
+            self.text += self._decoder.decode(b"", final=True)
+        out = self.text[self._shown:]
+        self._shown = len(self.text)
+        return out
+
+
+@dataclass
+class Conversation:
+    """A system prompt and the turns so far; `send` streams the next answer's events."""
+
+    engine: object
+    system: str | None = None
+    messages: list[Message] = field(default_factory=list)
+
+    def all_messages(self) -> list[Message]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def send(self, text: str, **options) -> Iterator[Event]:
+        self.messages.append({"role": "user", "content": text})
+        summary: Summary | None = None
+        try:
+            for event in self.engine.chat(self.all_messages(), **options):
+                if isinstance(event, Summary):
+                    summary = event
+                yield event
+        finally:
+            if summary is not None:
+                self.messages.append({"role": "assistant", "content": summary.text})
+            else:
+                self.messages.pop()  # the turn failed or was abandoned: leave history as it was

@@ -1,0 +1,206 @@
+"""The speculative loop: draft -> verify in one batch -> accept/reject -> roll back -> repeat.
+
+Invariant between rounds: the target's KV cache holds every token of `context` except the last one,
+which is *pending*. A round evaluates [pending] + draft in one batch with logits at every position:
+row i is the target's distribution after the first i draft tokens, so k draft tokens yield k + 1
+rows, the last one giving the bonus token after a full accept. Rejected positions are removed with
+one KV truncation; the target's own token becomes the next pending token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from localspec.engine.adaptive import Acceptance, CostModel, DrafterCost, best_length
+from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from localspec.engine.kv import KvSequence
+from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
+
+DRAFTER_MODES = ("auto", "model", "ngram", "none")
+
+
+@dataclass
+class Step:
+    """The token-level outcome of one round."""
+
+    draft: Draft
+    accepted: int
+    token: int
+    verify_s: float
+
+    @property
+    def kind(self) -> str:
+        if not self.draft.tokens:
+            return "plain"
+        return "bonus" if self.accepted == len(self.draft.tokens) else "correction"
+
+
+def speculate(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
+              cancel: threading.Event) -> Iterator[Step]:
+    """Yield one Step per round until cancelled or the context is full; `context` grows in place."""
+    while not cancel.is_set():
+        room = target.room() - 1  # positions left for draft tokens after the pending one
+        if room < 0:
+            return
+        draft = planner.draft(context, room, sampler)
+        batch = [context[-1], *draft.tokens]
+        t0 = time.perf_counter()
+        logits = target.extend(batch, range(len(batch)))
+        verify_s = time.perf_counter() - t0
+
+        tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
+        if sampler.greedy:
+            accepted, token = accept_greedy(
+                draft.tokens, _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i]))
+            )
+        else:
+            p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i]) for i in range(len(batch))])
+            accepted, token = accept_sampled(draft.tokens, p, draft.q, sampler.uniform, sampler.draw)
+
+        target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
+        context.extend(draft.tokens[:accepted])
+        context.append(token)
+        planner.observe(draft, accepted, verify_s, len(batch))
+        yield Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
+
+
+class _LazyChoices:
+    """The target's choice at row i, computed only if the acceptance check gets that far."""
+
+    def __init__(self, choose):
+        self._choose = choose
+
+    def __getitem__(self, i: int) -> int:
+        return self._choose(i)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+NGRAM_PRIORS = {1: 0.25, 2: 0.4, 3: 0.5, 4: 0.6, 5: 0.7}
+
+
+@dataclass
+class Planner:
+    """Chooses each round's drafter and draft length, and learns from how the round went.
+
+    `fixed_len` set: always draft that many (experiments). Otherwise the length maximizes expected
+    tokens per second from the target's measured verify costs, the drafter's cost per token and
+    acceptance by position (for n-gram lookup, by the length of the match behind the proposal).
+    Length 0 is plain decoding. A drafter not tried for `probe_every` rounds gets a short probe so
+    that a change in the text (say, the answer starts quoting the prompt) is noticed.
+    """
+
+    mode: str
+    cost: CostModel
+    model: ModelDrafter | None = None
+    ngram: NgramDrafter | None = None
+    fixed_len: int | None = None
+    max_len: int = 8
+    probe_every: int = 16
+    model_cost: DrafterCost = field(default_factory=DrafterCost)
+    model_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.7, prior_strength=3.0))
+    ngram_acceptance: dict[int, Acceptance] = field(default_factory=dict)
+    _since_tried: dict[str, int] = field(default_factory=dict)
+    last_choice: tuple[str, int] = ("none", 0)
+
+    def __post_init__(self) -> None:
+        if self.mode not in DRAFTER_MODES:
+            raise ValueError(f"unknown drafter '{self.mode}'; choose one of {', '.join(DRAFTER_MODES)}")
+        for bucket, prior in NGRAM_PRIORS.items():
+            self.ngram_acceptance.setdefault(bucket, Acceptance(prior_mean=prior, prior_strength=2.0))
+
+    @property
+    def uses_model(self) -> bool:
+        return self.model is not None and self.mode in ("auto", "model")
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.ngram is not None and self.mode in ("auto", "ngram")
+
+    def prefill(self, context: list[int]) -> None:
+        if self.uses_model and self.model is not None:
+            self.model.prepare(context)
+
+    def draft(self, context: list[int], room: int, sampler: Sampler) -> Draft:
+        cap = min(self.fixed_len if self.fixed_len is not None else self.max_len, room)
+        if cap <= 0 or self.mode == "none":
+            self.last_choice = ("none", 0)
+            return Draft.empty()
+        options: list[tuple[float, str, int, Draft | None]] = []  # (rate, drafter, length, lookup result)
+        if self.uses_ngram:
+            proposal = self.ngram.propose(context, cap, sampler)  # type: ignore[union-attr]
+            if proposal.tokens:
+                if self.fixed_len is not None:
+                    k, rate = len(proposal.tokens), float("inf")
+                else:
+                    k, rate = self._choose(_ngram_key(proposal), len(proposal.tokens), 0.0)
+                options.append((rate, "ngram", k, proposal))
+        if self.uses_model:
+            if self.fixed_len is not None:
+                # Fixed length in auto mode: the lookup when it found something, the model otherwise.
+                options.append((0.0 if options else float("inf"), "model", cap, None))
+            else:
+                k, rate = self._choose("model", cap, self.model_cost.per_token_s)
+                options.append((rate, "model", k, None))
+
+        for key in self._since_tried:
+            self._since_tried[key] += 1
+        viable = [o for o in options if o[2] > 0]
+        if viable:
+            _rate, name, k, proposal = max(viable, key=lambda o: o[0])
+        else:
+            probe = self._probe(options)
+            if probe is None:
+                self.last_choice = ("none", 0)
+                return Draft.empty()
+            name, k, proposal = probe
+        self.last_choice = (name, k)
+        if proposal is not None:
+            proposal.tokens = proposal.tokens[:k]
+            self._since_tried[_ngram_key(proposal)] = 0
+            return proposal
+        self._since_tried["model"] = 0
+        return self.model.propose(context, k, sampler)  # type: ignore[union-attr]
+
+    def _choose(self, key: str, cap: int, per_token_s: float) -> tuple[int, float]:
+        return best_length(self._acceptance(key).rates(cap), self.cost, per_token_s)
+
+    def _probe(self, options) -> tuple[str, int, Draft | None] | None:
+        """A short draft from a drafter that has not been tried for a while, or None."""
+        for _rate, name, _k, proposal in options:
+            key = "model" if proposal is None else _ngram_key(proposal)
+            if self._since_tried.setdefault(key, 0) >= self.probe_every:
+                return name, 2, proposal
+        return None
+
+    def _acceptance(self, key: str) -> Acceptance:
+        if key == "model":
+            return self.model_acceptance
+        return self.ngram_acceptance[int(key.split(":")[1])]
+
+    def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int) -> None:
+        self.cost.observe(batch_n, verify_s)
+        if not draft.tokens:
+            return
+        if draft.source == "model":
+            self.model_acceptance.observe(len(draft.tokens), accepted)
+            if draft.per_token_s is not None:
+                self.model_cost.observe(1, draft.per_token_s)
+        elif draft.source == "ngram":
+            self.ngram_acceptance[_bucket(draft.evidence)].observe(len(draft.tokens), accepted)
+            if self.ngram is not None:
+                self.ngram.observe(draft, accepted)
+
+
+def _bucket(evidence: int) -> int:
+    return max(1, min(evidence, 5))
+
+
+def _ngram_key(draft: Draft) -> str:
+    return f"ngram:{_bucket(draft.evidence)}"

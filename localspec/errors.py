@@ -1,0 +1,37 @@
+"""Errors that reach the user as a message, never as a traceback.
+
+Every front door (CLI, TUI, server) catches `LocalspecError` and shows `str(error)`; anything else is
+a bug and is reported as one.
+"""
+
+
+class LocalspecError(Exception):
+    """A problem the user can act on; the message says what happened and what to do."""
+
+
+class UnknownIdError(LocalspecError):
+    pass
+
+
+class ModelFileError(LocalspecError):
+    """A GGUF file is missing, truncated, corrupt or not loadable."""
+
+
+class PullError(LocalspecError):
+    pass
+
+
+class ChecksumError(PullError):
+    pass
+
+
+class SourceUnreachableError(PullError):
+    pass
+
+
+class IncompatiblePairError(LocalspecError):
+    pass
+
+
+class ContextOverflowError(LocalspecError):
+    """The prompt does not fit the context window."""

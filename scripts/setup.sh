@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up .venv with localspec and its test tools. Safe to rerun: finished steps are skipped.
+#
+# llama-cpp-python ships as source only, so pip compiles llama.cpp (~11 minutes on 2 cores). We build
+# its wheel once into a folder keyed by the build flags and install from there, so a rerun takes
+# seconds and a wheel built with other flags is never picked up by mistake.
+#
+# Default flags target x86-64-v3 (AVX2/FMA/F16C) rather than -march=native: some virtual machines
+# advertise Intel AMX but fault when it is used, and a native build then crashes in its AMX kernels.
+# Set LOCALSPEC_CMAKE_ARGS to override, e.g. "-DGGML_CUDA=on" for NVIDIA GPUs (see README, "GPU").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+LLAMA_VERSION="0.3.36"
+CMAKE_ARGS_DEFAULT="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+export CMAKE_ARGS="${LOCALSPEC_CMAKE_ARGS:-$CMAKE_ARGS_DEFAULT}"
+KEY="$(printf '%s %s' "$LLAMA_VERSION" "$CMAKE_ARGS" | sha256sum | cut -c1-16)"
+WHEELS="${LOCALSPEC_WHEEL_CACHE:-$HOME/.cache/localspec-build}/$KEY"
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+
+if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "Building llama-cpp-python $LLAMA_VERSION (CMAKE_ARGS=$CMAKE_ARGS); the first build takes ~11 minutes..."
+    mkdir -p "$WHEELS"
+    .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+        "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+.venv/bin/python -m pip install -q --disable-pip-version-check --find-links "$WHEELS" -e '.[test]'
+echo "localspec is installed in .venv (try: .venv/bin/localspec --help)"

@@ -1,0 +1,82 @@
+"""A deterministic in-process model with the backend's interface, for exactness tests.
+
+Logits at a position depend on the two previous tokens through fixed random tables. The KV cache is
+a list of tokens; `decode` insists that it continues exactly where the cache ends, so any bookkeeping
+mistake in the engine fails loudly instead of silently using a wrong state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ToyVocab:
+    type = "toy"
+    bos = 0
+    eos = 1
+    add_bos = True
+    add_eos = False
+
+    def __init__(self, n_tokens: int):
+        self.n_tokens = n_tokens
+
+    def text(self, token: int) -> str:
+        return f"t{token}"
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eos
+
+    def token_bytes(self, token: int) -> bytes:
+        if token < 2:
+            return b""
+        if token == 2:
+            return "é".encode()[:1]   # half of a two-byte character...
+        if token == 3:
+            return "é".encode()[1:]   # ...and its other half
+        return f"w{token} ".encode()
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ids = [4 + (ord(c) % (self.n_tokens - 4)) for c in text]
+        return ([self.bos] if add_special else []) + ids
+
+
+class ToyModel:
+    def __init__(self, n_vocab: int = 48, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0, noise_seed: int | None = None,
+                 noise: float = 0.0, eos_bias: float = -4.0):
+        rng = np.random.default_rng(seed)
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.vocab = ToyVocab(n_vocab)
+        self.a = rng.normal(size=(n_vocab, n_vocab)) * sharpness
+        self.b = rng.normal(size=(n_vocab, n_vocab)) * sharpness * 0.5
+        if noise_seed is not None:  # a "draft" that agrees with the target only partly
+            nrng = np.random.default_rng(noise_seed)
+            self.a = self.a + nrng.normal(size=self.a.shape) * noise
+            self.b = self.b + nrng.normal(size=self.b.shape) * noise
+        self.a[:, 1] += eos_bias
+        self.tokens: list[int] = []
+        self.evaluated = 0
+        self.calls: list[tuple[int, int]] = []  # (start, n) of every decode
+
+    def logits_at(self, prefix: list[int]) -> np.ndarray:
+        p1 = prefix[-1]
+        p2 = prefix[-2] if len(prefix) > 1 else 0
+        return (self.a[p1] + self.b[p2]).astype(np.float32)
+
+    def decode(self, tokens: list[int], start: int, logits_for: list[int]) -> np.ndarray:
+        assert start == len(self.tokens), f"decode at {start} but the cache holds {len(self.tokens)}"
+        assert start + len(tokens) <= self.n_ctx
+        self.tokens.extend(tokens)
+        self.evaluated += len(tokens)
+        self.calls.append((start, len(tokens)))
+        rows = [self.logits_at(self.tokens[: start + i + 1]) for i in logits_for]
+        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def truncate(self, n_keep: int) -> None:
+        del self.tokens[n_keep:]
+
+    def chat_template(self):
+        return None
+
+    def close(self):
+        pass
