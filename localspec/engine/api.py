@@ -32,6 +32,7 @@ class EngineOptions:
     max_draft_len: int = 8
     draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
     calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
+    learn_costs: bool = True         # refine those costs with the timings of real rounds
 
 
 class Engine:
@@ -136,6 +137,7 @@ class Engine:
             fixed_len=fixed,
             max_len=self.options.max_draft_len,
             model_cost=self.draft_cost,
+            learn_costs=self.options.learn_costs,
         )
         self.ngram.reset()
 

@@ -103,6 +103,7 @@ class Planner:
     fixed_len: int | None = None
     max_len: int = 8
     probe_every: int = 16
+    learn_costs: bool = True
     model_cost: DrafterCost = field(default_factory=DrafterCost)
     model_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.7, prior_strength=3.0))
     ngram_acceptance: dict[int, Acceptance] = field(default_factory=dict)
@@ -185,12 +186,13 @@ class Planner:
         return self.ngram_acceptance[int(key.split(":")[1])]
 
     def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int) -> None:
-        self.cost.observe(batch_n, verify_s)
+        if self.learn_costs:
+            self.cost.observe(batch_n, verify_s)
         if not draft.tokens:
             return
         if draft.source == "model":
             self.model_acceptance.observe(len(draft.tokens), accepted)
-            if draft.per_token_s is not None:
+            if draft.per_token_s is not None and self.learn_costs:
                 self.model_cost.observe(1, draft.per_token_s)
         elif draft.source == "ngram":
             self.ngram_acceptance[_bucket(draft.evidence)].observe(len(draft.tokens), accepted)

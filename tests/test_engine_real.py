@@ -1,0 +1,155 @@
+"""The engine on the real llama.cpp with the real test model (SmolLM2-135M)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from localspec.engine.api import Engine, EngineOptions, load
+from localspec.engine.backend import Model, ModelOptions
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.session import Conversation
+from localspec.errors import ContextOverflowError, IncompatiblePairError
+
+pytestmark = pytest.mark.model
+
+EDIT_PROMPT = (
+    "Rename the variable `total` to `acc` in this function and change nothing else:\n\n"
+    "def add_all(values):\n    total = 0\n    for value in values:\n        total = total + value\n"
+    "    return total\n"
+)
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path):
+    model = Model(smollm2_path, ModelOptions(n_ctx=1024))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def weak_draft(smollm2_q2k_path):
+    model = Model(smollm2_q2k_path, ModelOptions(n_ctx=1024))
+    yield model
+    model.close()
+
+
+def _emitted(events):
+    out = []
+    for e in events:
+        if isinstance(e, Round):
+            out.extend(e.accepted)
+            if e.token is not None:
+                out.append(e.token)
+    return out
+
+
+def _assert_every_token_is_the_target_argmax(model_path, prompt, out):
+    """Re-run prompt + answer through a fresh context in one batch and compare position by position.
+
+    llama.cpp's batched and single-token kernels are not bit-identical, so a near-tie may flip; the
+    emitted token must then still be within a hair of the best logit.
+    """
+    checker = Model(model_path, ModelOptions(n_ctx=1024))
+    try:
+        seq = list(prompt) + list(out)
+        rows = checker.decode(seq, 0, list(range(len(prompt) - 1, len(seq) - 1)))
+    finally:
+        checker.close()
+    exact = 0
+    for row, tok in zip(rows, out):
+        best = float(row.max())
+        assert row[tok] >= best - 0.05, f"token {tok} logit {row[tok]} vs best {best}"
+        exact += int(np.argmax(row) == tok)
+    assert exact >= 0.95 * len(out)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "auto"])
+def test_greedy_tokens_are_the_targets_argmax(smollm2_path, target, weak_draft, drafter):
+    engine = Engine(target, weak_draft, EngineOptions(drafter=drafter, draft_len=4))
+    engine.reset()
+    prompt = engine.chat_tokens([{"role": "user", "content": EDIT_PROMPT}])
+    events = list(engine.generate(prompt, max_tokens=64))
+    out = _emitted(events)
+    s = events[-1]
+    assert isinstance(s, Summary) and s.generated_tokens == len(out) > 10
+    assert s.drafted > 0, "the drafter must have proposed something on an edit prompt"
+    _assert_every_token_is_the_target_argmax(smollm2_path, prompt, out)
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert s.accepted == sum(len(r.accepted) for r in rounds)
+    assert s.drafted == sum(len(r.accepted) + len(r.rejected) for r in rounds)
+    assert s.text == "".join(r.text for r in rounds)
+    if drafter == "model":
+        # The Q2_K requantization really disagrees with its Q4_1 original at times.
+        assert 0.2 < s.acceptance_rate < 1.0
+    assert s.baseline_tokens_per_s > 0 and s.speedup > 0
+
+
+def test_sampling_runs_with_a_real_draft(target, weak_draft):
+    from localspec.engine.sampling import SamplingSettings
+
+    engine = Engine(target, weak_draft, EngineOptions(drafter="model", draft_len=3))
+    events = list(engine.generate("Once upon a time", max_tokens=40,
+                                  sampling=SamplingSettings(temperature=0.7, seed=1)))
+    again = list(engine.generate("Once upon a time", max_tokens=40,
+                                 sampling=SamplingSettings(temperature=0.7, seed=1)))
+    assert events[-1].generated_tokens == 40
+    assert events[-1].text == again[-1].text  # a seed makes a sampled answer repeatable
+
+
+def test_follow_up_turn_evaluates_only_the_new_tokens(target, weak_draft):
+    engine = Engine(target, weak_draft, EngineOptions(drafter="auto"))
+    engine.reset()
+    chat = Conversation(engine, system="You are terse.")
+    first = list(chat.send("Name three colors.", max_tokens=24))
+    assert isinstance(first[0], Prefill) and first[0].cached == 0
+    prompt2 = engine.chat_tokens(chat.all_messages() + [{"role": "user", "content": "And two more?"}])
+    new_tokens = len(engine.chat_tokens([{"role": "user", "content": "And two more?"}]))
+    second = list(chat.send("And two more?", max_tokens=8))
+    prefill = second[0]
+    assert prefill.prompt_tokens == len(prompt2)
+    # Only the tail changed: the new user turn (its template wrapping included) and the end of the
+    # previous answer, never the conversation before it.
+    assert prefill.evaluated <= new_tokens + 8
+    assert prefill.cached >= first[0].prompt_tokens
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_cancel_mid_answer_then_the_next_call_works(target):
+    engine = Engine(target, None, EngineOptions(drafter="ngram"))
+    cancel = threading.Event()
+    events = []
+    for event in engine.generate("Count from one to fifty:", max_tokens=200, cancel=cancel):
+        events.append(event)
+        if isinstance(event, Round) and event.index == 3:
+            cancel.set()
+    assert events[-1].stop_reason == "cancelled"
+    fresh = list(engine.generate("Count from one to five:", max_tokens=10))
+    assert fresh[-1].generated_tokens == 10
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error(target):
+    engine = Engine(target, None, EngineOptions(drafter="none"))
+    with pytest.raises(ContextOverflowError, match="context window holds 1024"):
+        engine.generate("word " * 3000, max_tokens=5)
+    assert list(engine.generate("Hello", max_tokens=3))[-1].generated_tokens == 3
+
+
+def test_load_refuses_an_incompatible_draft(smollm2_path, tmp_path):
+    from ggufs import write_vocab_only
+
+    other = write_vocab_only(smollm2_path, tmp_path / "other.gguf", rename_token=(999, "nope"))
+    with pytest.raises(IncompatiblePairError, match="token 999"):
+        load(str(smollm2_path), draft=str(other), drafter="model", n_ctx=256)
+
+
+def test_draft_with_a_smaller_context_stops_drafting_instead_of_failing(smollm2_path, target):
+    small = Model(smollm2_path, ModelOptions(n_ctx=256))
+    try:
+        assert small.n_ctx < target.n_ctx
+        engine = Engine(target, small, EngineOptions(drafter="model", draft_len=3))
+        events = list(engine.generate("word " * 300, max_tokens=12))
+        assert events[-1].generated_tokens == 12
+        assert events[-1].drafted == 0  # the prompt alone overflows the draft's context
+    finally:
+        small.close()

@@ -1,0 +1,219 @@
+"""Exactness of the speculative loop on a deterministic in-process model."""
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from localspec.engine.adaptive import CostModel
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.sampling import SamplingSettings
+from toy import ToyModel
+
+COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
+
+
+def _engine(draft=True, drafter="auto", draft_len=None, noise=1.5, seed=3, cost=COST, draft_cost=0.01):
+    target = ToyModel(seed=seed)
+    draft_model = ToyModel(seed=seed, noise_seed=seed + 100, noise=noise) if draft else None
+    # Costs are given, not learned: the toy's real microsecond timings would say nothing useful.
+    return Engine(target, draft_model, EngineOptions(drafter=drafter, draft_len=draft_len, learn_costs=False),
+                  cost=CostModel(dict(cost)), draft_cost_s=draft_cost)
+
+
+def _tokens(events):
+    out = []
+    for e in events:
+        if isinstance(e, Round):
+            out.extend(e.accepted)
+            if e.token is not None:
+                out.append(e.token)
+    return out
+
+
+def _plain(prompt, n, seed=3):
+    model = ToyModel(seed=seed)
+    ctx = list(prompt)
+    model.decode(ctx[:-1], 0, [])
+    out = []
+    for _ in range(n):
+        logits = model.decode([ctx[-1]], len(ctx) - 1, [0])[0]
+        tok = int(np.argmax(logits))
+        if tok == 1:
+            break
+        ctx.append(tok)
+        out.append(tok)
+    return out
+
+
+PROMPTS = [[0, 5, 9, 11], [0, 7], [0, 20, 21, 22, 23, 20, 21, 22], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17]]
+
+
+@pytest.mark.parametrize("drafter, draft_len", [("model", 1), ("model", 3), ("model", 6), ("ngram", 2),
+                                                ("ngram", 5), ("auto", None), ("model", None), ("auto", 4)])
+def test_greedy_speculative_equals_plain_token_for_token(drafter, draft_len):
+    engine = _engine(drafter=drafter, draft_len=draft_len)
+    for prompt in PROMPTS:
+        events = list(engine.generate(prompt, max_tokens=60))
+        assert _tokens(events) == _plain(prompt, 60)
+        summary = events[-1]
+        assert isinstance(summary, Summary)
+        assert summary.generated_tokens == len(_tokens(events))
+
+
+def test_rounds_add_up_to_the_summary():
+    engine = _engine(drafter="model", draft_len=4)
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=80))
+    rounds = [e for e in events if isinstance(e, Round)]
+    s = events[-1]
+    assert isinstance(events[0], Prefill) and events[0].prompt_tokens == 4
+    assert s.drafted == sum(r.drafted for r in rounds) > 0
+    assert s.accepted == sum(len(r.accepted) for r in rounds)
+    assert 0 < s.acceptance_rate < 1  # the noisy draft is right sometimes, wrong sometimes
+    assert s.text == "".join(r.text for r in rounds)
+    assert s.drafted_by_position[0] >= s.drafted_by_position[-1]
+    assert s.acceptance_by_position[0] == pytest.approx(
+        sum(1 for r in rounds if r.accepted) / sum(1 for r in rounds if r.drafted))
+
+
+def test_kv_after_speculation_is_exactly_what_plain_decoding_leaves():
+    engine = _engine(drafter="model", draft_len=5)
+    prompt = [0, 5, 9, 11]
+    events = list(engine.generate(prompt, max_tokens=30))
+    out = _tokens(events)
+    # The cache holds exactly the tokens a plain greedy run would have evaluated: the answer (and,
+    # when max_tokens cut a round short, the target-verified tokens after it), nothing rejected.
+    held = engine.target.tokens
+    assert held[: len(prompt) + len(out) - 1] == prompt + out[:-1]
+    assert held == prompt + _plain(prompt, len(held) - len(prompt))
+    assert engine.kv.tokens == held
+
+
+def test_no_position_is_evaluated_twice_needlessly():
+    engine = _engine(drafter="model", draft_len=3, noise=0.0)  # a perfect draft
+    prompt = [0, 5, 9, 11]
+    events = list(engine.generate(prompt, max_tokens=40))
+    n = len(_tokens(events))
+    # Perfect draft: each round verifies pending + 3 and keeps all. Target positions evaluated:
+    # the prompt once, plus one batch per round, none of it repeated.
+    rounds = [e for e in events if isinstance(e, Round) and e.drafted]
+    assert all(len(r.rejected) == 0 for r in rounds)
+    assert engine.target.evaluated == len(prompt) - 1 + sum(1 + r.drafted for r in rounds)
+    # The draft model never evaluates a position twice either: its cache only grows.
+    starts = [start for start, _n in engine.draft.calls]
+    assert starts == sorted(starts)
+    assert n == 40
+
+
+def test_follow_up_evaluates_only_the_new_suffix():
+    engine = _engine(drafter="model", draft_len=3)
+    first = [0, 5, 9, 11]
+    out = _tokens(engine.generate(first, max_tokens=20))
+    second = first + out + [12, 13, 14]
+    prefill = next(iter(engine.generate(second, max_tokens=5)))
+    assert isinstance(prefill, Prefill)
+    assert prefill.cached == len(first) + len(out) - 1
+    assert prefill.evaluated == 4  # the pending last answer token + three new ones
+
+
+def test_sampling_reproduces_the_target_distribution():
+    """Two-token continuations at temperature 1: speculative with a deliberately wrong draft vs exact p."""
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    prompt = [0, 5, 6]
+    toy = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)
+    target = ToyModel(**toy)
+
+    def softmax(logits):
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
+
+    p1 = softmax(target.logits_at(prompt))
+    exact = {(a, b): p1[a] * softmax(target.logits_at(prompt + [a]))[b] for a in range(8) for b in range(8)}
+
+    engine = Engine(ToyModel(**toy), ToyModel(**toy, noise_seed=9, noise=3.0),
+                    EngineOptions(drafter="model", draft_len=3, learn_costs=False),
+                    cost=CostModel(dict(COST)), draft_cost_s=0.0)
+    engine.model_drafter.p_min = 0.0
+    trials = 10_000
+    counts = Counter()
+    accepted = rejected = 0
+    for seed in range(trials):
+        events = list(engine.generate(prompt, max_tokens=2, sampling=settings.with_(seed=seed)))
+        counts[tuple(_tokens(events)[:2])] += 1
+        accepted += events[-1].accepted
+        rejected += events[-1].drafted - events[-1].accepted
+    assert accepted > 0 and rejected > 0  # the draft is both right and wrong, so both paths are exercised
+    tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
+    # Sampling noise alone gives about 0.03 here; a wrong acceptance rule gives several times more.
+    assert tv < 0.06, tv
+
+
+def test_cancellation_between_rounds_keeps_the_session_consistent():
+    engine = _engine(drafter="model", draft_len=2)
+    cancel = threading.Event()
+    events = []
+    for event in engine.generate([0, 5, 9, 11], max_tokens=200, cancel=cancel):
+        events.append(event)
+        if isinstance(event, Round) and event.index == 2:
+            cancel.set()
+    assert events[-1].stop_reason == "cancelled"
+    assert len([e for e in events if isinstance(e, Round)]) == 3
+    assert _tokens(engine.generate([0, 5, 9, 11], max_tokens=30)) == _plain([0, 5, 9, 11], 30)
+
+
+def test_adaptive_length_drafts_nothing_when_drafting_cannot_pay():
+    # Verification costs grow linearly (no batching benefit) and the draft model is slow and wrong.
+    engine = _engine(drafter="model", noise=50.0, cost={1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0}, draft_cost=0.5)
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=60))
+    rounds = [e for e in events if isinstance(e, Round)]
+    plain = [r for r in rounds if r.drafter == "none"]
+    assert len(plain) >= 0.9 * len(rounds)
+    assert _tokens(events) == _plain([0, 5, 9, 11], 60)
+
+
+def test_adaptive_length_drafts_long_when_the_draft_is_right_and_cheap():
+    engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
+    engine.model_drafter.p_min = 0.0
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=60))
+    s = events[-1]
+    assert s.acceptance_rate == 1.0
+    assert s.rounds < 20 and s.mean_accepted_per_round > 3
+
+
+def test_stop_strings_and_eog_and_utf8_across_tokens():
+    engine = _engine(draft=False, drafter="none")
+    full = _plain([0, 5, 9, 11], 60)
+    text = "".join(f"w{t} " if t > 3 else "" for t in full)
+    stop_word = f"w{full[5]} "
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=60, stop=[stop_word]))
+    s = events[-1]
+    assert s.stop_reason == "stop"
+    assert s.text == text[: text.index(stop_word)]
+    assert "".join(e.text for e in events if isinstance(e, Round)) == s.text
+
+    from localspec.engine.session import TextStream
+    stream = TextStream(stop=["END"])
+    assert stream.feed("é".encode()[:1]) == ("", "")
+    assert stream.feed("é".encode()[1:] + b"ab EN") == ("éab EN", "éab ")
+    assert stream.feed(b"D tail") == ("D tail", "")
+    assert stream.text == "éab " and stream.stopped
+
+
+def test_prompt_longer_than_the_context_is_refused_before_decoding():
+    from localspec.errors import ContextOverflowError
+
+    engine = _engine()
+    with pytest.raises(ContextOverflowError, match="context window"):
+        engine.generate(list(range(4, 40)) * 20, max_tokens=5)
+    assert engine.target.evaluated == 0
+    assert _tokens(engine.generate([0, 5], max_tokens=5)) == _plain([0, 5], 5)
+
+
+def test_generation_stops_cleanly_when_the_context_fills():
+    engine = Engine(ToyModel(seed=3, n_ctx=40, eos_bias=-50), None, EngineOptions(drafter="ngram", learn_costs=False),
+                    cost=CostModel(dict(COST)))
+    s = list(engine.generate([0, 5, 9], max_tokens=500))[-1]
+    assert s.stop_reason == "context"
+    assert s.generated_tokens == 40 - 3 + 1  # every free position filled, the last token pending

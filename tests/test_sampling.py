@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+
+from localspec.engine.sampling import (
+    Sampler, SamplingSettings, accept_greedy, accept_sampled, filtered_probs, penalize,
+)
+
+
+def test_filters_keep_the_expected_candidates():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    p = filtered_probs(logits, SamplingSettings(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0))
+    assert np.count_nonzero(p) == 3 and p.sum() == pytest.approx(1.0)
+    p = filtered_probs(logits, SamplingSettings(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))
+    assert set(np.flatnonzero(p)) == {0, 1}
+    p = filtered_probs(logits, SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25))
+    assert set(np.flatnonzero(p)) == {0, 1, 2}
+    cold = filtered_probs(logits, SamplingSettings(temperature=0.1, top_k=0, top_p=1.0, min_p=0.0))
+    assert cold[0] > 0.99
+
+
+def test_repeat_penalty_lowers_seen_tokens_both_signs():
+    logits = np.array([2.0, -2.0, 1.0], dtype=np.float32)
+    out = penalize(logits, [0, 1], 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_accept_greedy_keeps_the_matching_prefix():
+    assert accept_greedy([5, 6, 7], [5, 6, 9, 1]) == (2, 9)
+    assert accept_greedy([5, 6], [5, 6, 8]) == (2, 8)
+    assert accept_greedy([], [4]) == (0, 4)
+
+
+def _empirical_first_token(p, q, draft_token_from_q, trials, seed):
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(len(p))
+    for _ in range(trials):
+        x = int(rng.choice(len(q), p=q)) if draft_token_from_q else draft_token_from_q
+        n, token = accept_sampled([x], np.stack([p, p]), q[None, :] if draft_token_from_q else None,
+                                  rng.random, lambda probs: int(rng.choice(len(probs), p=probs / probs.sum())))
+        counts[x if n == 1 else token] += 1
+    return counts / trials
+
+
+def test_speculative_sampling_reproduces_the_target_distribution_with_a_wrong_draft():
+    p = np.array([0.5, 0.3, 0.1, 0.05, 0.05])
+    q = np.array([0.05, 0.05, 0.2, 0.3, 0.4])  # deliberately wrong
+    freq = _empirical_first_token(p, q, True, 40_000, seed=1)
+    assert 0.5 * np.abs(freq - p).sum() < 0.01
+
+
+def test_one_hot_drafts_are_exact_too():
+    p = np.array([0.1, 0.6, 0.3])
+    rng = np.random.default_rng(2)
+    counts = np.zeros(3)
+    for _ in range(30_000):
+        n, token = accept_sampled([2], np.stack([p, p]), None, rng.random,
+                                  lambda probs: int(rng.choice(3, p=probs / probs.sum())))
+        counts[2 if n == 1 else token] += 1
+    assert 0.5 * np.abs(counts / counts.sum() - p).sum() < 0.01
+
+
+def test_sampler_seed_makes_draws_repeatable():
+    s = SamplingSettings(temperature=0.8, seed=7)
+    p = np.full(10, 0.1)
+    assert [Sampler(s).draw(p) for _ in range(1)] == [Sampler(s).draw(p)]
