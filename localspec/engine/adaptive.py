@@ -31,6 +31,11 @@ class CostModel:
     alpha: float = 0.1  # weight of a new observation
 
     def verify(self, n: int) -> float:
+        """Interpolated, and never cheaper than a smaller batch (noisy timings must not say so)."""
+        floor = max((v for m, v in self.verify_s.items() if m < n), default=0.0)
+        return max(self._interpolate(n), floor)
+
+    def _interpolate(self, n: int) -> float:
         sizes = sorted(self.verify_s)
         if n in self.verify_s:
             return self.verify_s[n]
@@ -48,7 +53,7 @@ class CostModel:
         return self.verify_s[a] * (1 - t) + self.verify_s[b] * t
 
     def observe(self, n: int, seconds: float) -> None:
-        old = self.verify(n)
+        old = self._interpolate(n)
         self.verify_s[n] = old + self.alpha * (seconds - old) if n in self.verify_s else seconds * 0.5 + old * 0.5
 
     @property
@@ -175,4 +180,7 @@ def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 4
             model.truncate(context_tokens)
         costs[n] = best
     model.truncate(0)
+    running = 0.0
+    for n in sorted(costs):  # a larger batch never costs less; smooth out timing noise
+        running = costs[n] = max(costs[n], running)
     return costs
