@@ -18,7 +18,7 @@ import sys
 import time
 
 from localspec.engine.api import load
-from localspec.engine.events import Round, Summary
+from localspec.engine.events import answer_tokens
 
 FUNC = '''def parse_config(path):
     """Read a simple KEY=VALUE config file into a dict."""
@@ -76,23 +76,18 @@ PROMPTS = {
 
 
 def run_once(engine, messages, max_tokens, drafter):
-    tokens = []
-    summary = None
-    for ev in engine.chat(messages, max_tokens=max_tokens, drafter=drafter):
-        if isinstance(ev, Round):
-            tokens.extend(ev.accepted)
-            if ev.token is not None:
-                tokens.append(ev.token)
-        elif isinstance(ev, Summary):
-            summary = ev
-    return summary, tokens
+    events = list(engine.chat(messages, max_tokens=max_tokens, drafter=drafter))
+    return events[-1], answer_tokens(events)
 
 
 def peer_llama(path, prompts_tokens, max_tokens, n_ctx, repeat):
     """llama-cpp-python's high-level Llama, plain greedy, same file/prompts/budget: tokens/s medians."""
     from llama_cpp import Llama
 
-    llm = Llama(str(path), n_ctx=n_ctx, n_threads=None, verbose=False)
+    import os
+
+    threads = os.cpu_count() or 1  # Llama's default is half the cores; the engine uses all of them
+    llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
     rates = []
     for tokens in prompts_tokens:
         per = []

@@ -35,6 +35,12 @@ class FakeHub:
                 repo, _revision, filename = m.groups()
                 return hub.files.get((repo, filename))
 
+            def _not_found(self):
+                self.send_response(404)
+                self.send_header("X-Error-Code", "EntryNotFound")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def _headers(self, data: bytes, status: int, length: int, extra: dict | None = None):
                 self.send_response(status)
                 self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
@@ -49,11 +55,7 @@ class FakeHub:
                 hub.requests.append(("HEAD", self.path, None))
                 data = self._lookup()
                 if data is None:
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    return self._not_found()
                 self._headers(data, 200, len(data))
 
             def do_GET(self):
@@ -61,11 +63,7 @@ class FakeHub:
                 hub.requests.append(("GET", self.path, rng))
                 data = self._lookup()
                 if data is None:
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    return self._not_found()
                 start = 0
                 if rng:
                     start = int(re.match(r"bytes=(\d+)-", rng).group(1))

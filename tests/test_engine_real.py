@@ -7,7 +7,7 @@ import pytest
 
 from localspec.engine.api import Engine, EngineOptions, load
 from localspec.engine.backend import Model, ModelOptions
-from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.events import Prefill, Round, Summary, answer_tokens
 from localspec.engine.session import Conversation
 from localspec.errors import ContextOverflowError, IncompatiblePairError
 
@@ -32,16 +32,6 @@ def weak_draft(smollm2_q2k_path):
     model = Model(smollm2_q2k_path, ModelOptions(n_ctx=1024))
     yield model
     model.close()
-
-
-def _emitted(events):
-    out = []
-    for e in events:
-        if isinstance(e, Round):
-            out.extend(e.accepted)
-            if e.token is not None:
-                out.append(e.token)
-    return out
 
 
 def _assert_every_token_is_the_target_argmax(model_path, prompt, out):
@@ -70,7 +60,7 @@ def test_greedy_tokens_are_the_targets_argmax(smollm2_path, target, weak_draft, 
     engine.reset()
     prompt = engine.chat_tokens([{"role": "user", "content": EDIT_PROMPT}])
     events = list(engine.generate(prompt, max_tokens=64))
-    out = _emitted(events)
+    out = answer_tokens(events)
     s = events[-1]
     assert isinstance(s, Summary) and s.generated_tokens == len(out) > 10
     assert s.drafted > 0, "the drafter must have proposed something on an edit prompt"

@@ -20,6 +20,7 @@ import numpy as np
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+MAX_LOGITS_PER_CALL = 64
 _GGML_LOG_WARN = 3
 _GGML_LOG_CONT = 5
 
@@ -275,6 +276,9 @@ class Model:
         cparams.n_batch = min(self.options.n_batch, n_ctx)
         cparams.n_ubatch = cparams.n_batch
         cparams.n_seq_max = 1
+        # Logits are asked for a few positions per call (a verify batch), never a whole batch: a
+        # buffer for n_batch rows would cost n_batch x n_vocab floats (311 MB for Qwen) per model.
+        cparams.n_outputs_max = MAX_LOGITS_PER_CALL
         cparams.n_threads = self.options.threads()
         cparams.n_threads_batch = self.options.threads()
         cparams.no_perf = True
@@ -323,6 +327,8 @@ class Model:
                 f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens."
             )
         wanted = set(logits_for)
+        if len(wanted) > MAX_LOGITS_PER_CALL:
+            raise LocalspecError(f"At most {MAX_LOGITS_PER_CALL} logits rows per decode call; {len(wanted)} asked.")
         rows: dict[int, np.ndarray] = {}
         batch = self._batch
         for chunk_start in range(0, len(tokens), self.n_batch):

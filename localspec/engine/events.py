@@ -89,6 +89,17 @@ class Summary:
 Event = Union[Prefill, Round, Summary]
 
 
+def answer_tokens(events) -> list[int]:
+    """The token ids of the answer, in order, from a stream of events."""
+    out: list[int] = []
+    for event in events:
+        if isinstance(event, Round):
+            out.extend(event.accepted)
+            if event.token is not None:
+                out.append(event.token)
+    return out
+
+
 class Tally:
     """Accumulates rounds into the statistics of a `Summary`."""
 

@@ -83,6 +83,7 @@ class _LazyChoices:
 
 
 NGRAM_PRIORS = {1: 0.25, 2: 0.4, 3: 0.5, 4: 0.6, 5: 0.7}
+PLAUSIBLE_BEST_ACCEPTANCE = 0.9
 
 
 @dataclass
@@ -103,11 +104,13 @@ class Planner:
     fixed_len: int | None = None
     max_len: int = 8
     probe_every: int = 16
+    max_probe_every: int = 256
     learn_costs: bool = True
     model_cost: DrafterCost = field(default_factory=DrafterCost)
     model_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.7, prior_strength=3.0))
     ngram_acceptance: dict[int, Acceptance] = field(default_factory=dict)
     _since_tried: dict[str, int] = field(default_factory=dict)
+    _probe_interval: dict[str, int] = field(default_factory=dict)
     last_choice: tuple[str, int] = ("none", 0)
 
     def __post_init__(self) -> None:
@@ -155,6 +158,7 @@ class Planner:
         viable = [o for o in options if o[2] > 0]
         if viable:
             _rate, name, k, proposal = max(viable, key=lambda o: o[0])
+            self._probe_interval.pop("model" if proposal is None else _ngram_key(proposal), None)
         else:
             probe = self._probe(options)
             if probe is None:
@@ -173,10 +177,20 @@ class Planner:
         return best_length(self._acceptance(key).rates(cap), self.cost, per_token_s)
 
     def _probe(self, options) -> tuple[str, int, Draft | None] | None:
-        """A short draft from a drafter that has not been tried for a while, or None."""
+        """A short draft from a drafter that has not been tried for a while, or None.
+
+        Probes cost real time (a model draft must first catch up on everything decoded since), so a
+        probe that does not win its drafter back doubles the wait before the next one.
+        """
         for _rate, name, _k, proposal in options:
             key = "model" if proposal is None else _ngram_key(proposal)
-            if self._since_tried.setdefault(key, 0) >= self.probe_every:
+            per_token = self.model_cost.per_token_s if proposal is None else 0.0
+            cap = len(proposal.tokens) if proposal is not None else self.max_len
+            if best_length([PLAUSIBLE_BEST_ACCEPTANCE] * cap, self.cost, per_token)[0] == 0:
+                continue  # on this machine it cannot pay even when nearly always right: never probe
+            interval = self._probe_interval.get(key, self.probe_every)
+            if self._since_tried.setdefault(key, 0) >= interval:
+                self._probe_interval[key] = min(interval * 2, self.max_probe_every)
                 return name, 2, proposal
         return None
 
