@@ -273,9 +273,12 @@ def load(
     from localspec.engine.backend import Model, ModelOptions, VocabFile
     from localspec.pull import model_path
 
+    def is_path(name: str) -> bool:
+        return Path(name).suffix == ".gguf" or Path(name).exists()
+
     target_path: Path
     draft_path: Path | None = None
-    if Path(id_or_path).suffix == ".gguf" or Path(id_or_path).exists():
+    if is_path(id_or_path):
         target_path = Path(id_or_path)
     else:
         entry = load_catalog().resolve(id_or_path)
@@ -284,8 +287,13 @@ def load(
         else:
             target_path = model_path(entry)
     if draft:
-        draft_path = Path(draft) if (Path(draft).suffix == ".gguf" or Path(draft).exists()) else model_path(
-            load_catalog().models[draft] if draft in load_catalog().models else _no_model(draft))
+        if is_path(draft):
+            draft_path = Path(draft)
+        else:
+            entry = load_catalog().resolve(draft)
+            if isinstance(entry, PairSpec):
+                raise LocalspecError(f"'{draft}' is a pair; a draft must be one model id or a GGUF path.")
+            draft_path = model_path(entry)
     if drafter in ("none", "ngram"):
         draft_path = None  # do not spend memory on a draft that will not be used
 
@@ -313,12 +321,6 @@ def load(
         if draft_model is not None:
             draft_model.close()
         raise
-
-
-def _no_model(name: str):
-    from localspec.errors import UnknownIdError
-
-    raise UnknownIdError(f"No model named '{name}' in the catalog (see `localspec list --available`).")
 
 
 __all__ = ["Engine", "EngineOptions", "load", "SamplingSettings"]
