@@ -184,3 +184,19 @@ def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 4
     for n in sorted(costs):  # a larger batch never costs less; smooth out timing noise
         running = costs[n] = max(costs[n], running)
     return costs
+
+
+def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> dict[int, float]:
+    """Verify costs by batch size: from the cache when this model file was measured on this machine."""
+    path = getattr(model, "path", None)
+    key = None
+    if path is not None and Path(path).exists():
+        opts = model.options
+        key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
+        cached = load_cached(key) if enabled else None
+        if cached:
+            return {int(k): float(v) for k, v in cached.items()}
+    costs = measure_verify_costs(model, sizes=sizes, repeats=2 if enabled else 1)
+    if key and enabled:
+        store_cached(key, {str(k): v for k, v in costs.items()})
+    return costs

@@ -54,12 +54,12 @@ class Engine:
     # ------------------------------------------------------------------ setup
 
     def _calibrated_cost(self) -> CostModel:
-        return CostModel(verify_s=_calibrate(self.target, self.options.calibrate))
+        return CostModel(verify_s=adaptive.calibrated_costs(self.target, self.options.calibrate))
 
     def _draft_cost(self) -> float:
         if self.draft is None:
             return 0.0
-        costs = _calibrate(self.draft, self.options.calibrate, sizes=(1,))
+        costs = adaptive.calibrated_costs(self.draft, self.options.calibrate, sizes=(1,))
         return costs[1]
 
     @property
@@ -154,7 +154,6 @@ class Engine:
         stream = TextStream(stop)
         tally = Tally()
         context = list(prompt)
-        stop_reason = "cancelled"
         generated = 0
         t_start = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
@@ -235,22 +234,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _calibrate(model, enabled: bool, sizes=adaptive.CALIBRATION_SIZES) -> dict[int, float]:
-    """Verify costs by batch size: from the cache when this model file was measured on this machine."""
-    path = getattr(model, "path", None)
-    key = None
-    if path is not None and Path(path).exists():
-        opts = model.options
-        key = adaptive.machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
-        cached = adaptive.load_cached(key) if enabled else None
-        if cached:
-            return {int(k): float(v) for k, v in cached.items()}
-    costs = adaptive.measure_verify_costs(model, sizes=sizes, repeats=2 if enabled else 1)
-    if key and enabled:
-        adaptive.store_cached(key, {str(k): v for k, v in costs.items()})
-    return costs
 
 
 # ----------------------------------------------------------------------------- loading

@@ -27,19 +27,21 @@ _GGML_LOG_CONT = 5
 _init_lock = threading.Lock()
 _initialized = False
 _recent_problems: collections.deque[str] = collections.deque(maxlen=12)
+_problems_logged = 0  # ever appended; a mark taken before a call finds the lines logged since
 _last_level = 0
 
 
 @L.llama_log_callback
 def _on_log(level: int, text: bytes, _user_data) -> None:
     """Keep warnings and errors so that a failed load can say why; drop llama.cpp's chatter."""
-    global _last_level
+    global _last_level, _problems_logged
     if level != _GGML_LOG_CONT:
         _last_level = level
     if _last_level >= _GGML_LOG_WARN:
         line = text.decode("utf-8", "replace").rstrip()
         if line:
             _recent_problems.append(line)
+            _problems_logged += 1
     if os.environ.get("LOCALSPEC_LLAMA_LOG"):
         os.write(2, text)
 
@@ -54,7 +56,8 @@ def init() -> None:
 
 
 def _problems_since(mark: int) -> str:
-    lines = list(_recent_problems)[mark:] if mark < len(_recent_problems) else list(_recent_problems)[-3:]
+    new = min(_problems_logged - mark, len(_recent_problems))
+    lines = list(_recent_problems)[len(_recent_problems) - new:] if new > 0 else []
     return "; ".join(line for line in lines if "error" in line.lower() or "fail" in line.lower())[:400]
 
 
@@ -155,7 +158,7 @@ def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0):
     params = L.llama_model_default_params()
     params.vocab_only = vocab_only
     params.n_gpu_layers = n_gpu_layers
-    mark = len(_recent_problems)
+    mark = _problems_logged
     model = L.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         why = _problems_since(mark) or "llama.cpp could not load it"
@@ -284,7 +287,7 @@ class Model:
         cparams.no_perf = True
         if self.options.flash_attn is not None:
             cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.options.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        mark = len(_recent_problems)
+        mark = _problems_logged
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             why = _problems_since(mark) or "out of memory?"
@@ -391,7 +394,7 @@ def quantize(source: Path, destination: Path, ftype: str = "Q2_K", threads: int 
     params.allow_requantize = True
     params.nthread = threads or (os.cpu_count() or 1)
     tmp = Path(str(destination) + ".partial")
-    mark = len(_recent_problems)
+    mark = _problems_logged
     rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)

@@ -111,7 +111,6 @@ class Planner:
     ngram_acceptance: dict[int, Acceptance] = field(default_factory=dict)
     _since_tried: dict[str, int] = field(default_factory=dict)
     _probe_interval: dict[str, int] = field(default_factory=dict)
-    last_choice: tuple[str, int] = ("none", 0)
 
     def __post_init__(self) -> None:
         if self.mode not in DRAFTER_MODES:
@@ -134,7 +133,6 @@ class Planner:
     def draft(self, context: list[int], room: int, sampler: Sampler) -> Draft:
         cap = min(self.fixed_len if self.fixed_len is not None else self.max_len, room)
         if cap <= 0 or self.mode == "none":
-            self.last_choice = ("none", 0)
             return Draft.empty()
         options: list[tuple[float, str, int, Draft | None]] = []  # (rate, drafter, length, lookup result)
         if self.uses_ngram:
@@ -162,10 +160,8 @@ class Planner:
         else:
             probe = self._probe(options)
             if probe is None:
-                self.last_choice = ("none", 0)
                 return Draft.empty()
             name, k, proposal = probe
-        self.last_choice = (name, k)
         if proposal is not None:
             proposal.tokens = proposal.tokens[:k]
             self._since_tried[_ngram_key(proposal)] = 0
