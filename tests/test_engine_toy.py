@@ -218,3 +218,20 @@ def test_generation_stops_cleanly_when_the_context_fills():
     s = list(engine.generate([0, 5, 9], max_tokens=500))[-1]
     assert s.stop_reason == "context"
     assert s.generated_tokens == 40 - 3 + 1  # every free position filled, the last token pending
+
+
+def test_ngram_lookup_realigns_with_its_source_after_an_edit():
+    from localspec.engine.drafters import NgramDrafter
+    from localspec.engine.sampling import Sampler
+
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    other = [30, 13, 99, 98]  # an unrelated, later occurrence of token 13
+    prompt = source + other
+    ngram = NgramDrafter()
+    sampler = Sampler(SamplingSettings())
+    first = ngram.propose(prompt + [10, 11], 4, sampler)
+    assert first.tokens == [12, 13, 14, 15] and not first.continuing
+    ngram.observe(first, accepted=1)            # the answer copied 12, then edited 13 into 50
+    # The answer now ends "... 12 50 13": 13 occurs twice before; the copy continues at the source.
+    after = ngram.propose(prompt + [10, 11, 12, 50, 13], 3, sampler)
+    assert after.tokens == [14, 15, 16] and after.continuing

@@ -23,6 +23,7 @@ class Draft:
     q: np.ndarray | None = None   # (len(tokens), n_vocab) when sampling with a model drafter
     source: str = "none"          # "model", "ngram" or "none"
     evidence: int = 0             # n-gram match length behind the proposal
+    continuing: bool = False      # n-gram: the match carries on the previous round's copy
     seconds: float = 0.0
     per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
 
@@ -58,6 +59,7 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self._cursor: int | None = None      # source position the copy should continue from
         self._last_start: int | None = None  # where the last proposal was copied from
+        self._continuing = False
 
     def reset(self) -> None:
         self._cursor = self._last_start = None
@@ -86,21 +88,24 @@ class NgramDrafter:
         best = int(lengths.max())
         if best < self.min_ngram:
             return [], 0
-        start = self._pick(ends[lengths == best]) + 1
+        end, self._continuing = self._pick(ends[lengths == best])
+        start = end + 1
         self._last_start = start
         return arr[start:min(start + max_len, n_ctx)].tolist(), best
 
-    def _pick(self, choices: np.ndarray) -> int:
+    def _pick(self, choices: np.ndarray) -> tuple[int, bool]:
+        """The match end to copy after, and whether it continues the previous copy."""
         if self._cursor is not None:
             after = choices[choices >= self._cursor]
             if after.size:
-                return int(after[0])
-        return int(choices[-1])
+                return int(after[0]), True
+        return int(choices[-1]), False
 
     def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
         t0 = time.perf_counter()
         tokens, evidence = self.lookup(context, max_len)
-        return Draft(tokens=tokens, source="ngram", evidence=evidence, seconds=time.perf_counter() - t0)
+        return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
+                     seconds=time.perf_counter() - t0)
 
     def observe(self, draft: Draft, accepted: int) -> None:
         """Remember how far the copy got, so the next lookup continues from the same source."""
