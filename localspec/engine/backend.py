@@ -134,9 +134,16 @@ class ModelOptions:
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
     flash_attn: bool | None = None    # None: llama.cpp decides
+    mmap: bool | None = None          # None: read into memory on CPU-only builds, llama.cpp decides otherwise
 
     def threads(self) -> int:
         return self.n_threads or max(1, os.cpu_count() or 1)
+
+    def load_mode(self) -> int:
+        # On the CPU llama.cpp repacks most weights into a faster layout; with mmap the original
+        # pages stay resident beside the repacked copy (+0.6 GB for Qwen2.5-Coder-1.5B, same speed).
+        use_mmap = self.mmap if self.mmap is not None else supports_gpu_offload()
+        return L.LLAMA_LOAD_MODE_AUTO if use_mmap else L.LLAMA_LOAD_MODE_NONE
 
     def gpu_layers(self) -> int:
         if self.n_gpu_layers is not None:
@@ -144,7 +151,7 @@ class ModelOptions:
         return -1 if supports_gpu_offload() else 0
 
 
-def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0):
+def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mode: int = L.LLAMA_LOAD_MODE_AUTO):
     init()
     path = Path(path)
     if not path.exists():
@@ -158,6 +165,7 @@ def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0):
     params = L.llama_model_default_params()
     params.vocab_only = vocab_only
     params.n_gpu_layers = n_gpu_layers
+    params.load_mode = load_mode
     mark = _problems_logged
     model = L.llama_model_load_from_file(str(path).encode(), params)
     if not model:
@@ -259,7 +267,8 @@ class Model:
         self.options = options or ModelOptions()
         self._model = self._ctx = None
         self._batch = None
-        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers())
+        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers(),
+                                  load_mode=self.options.load_mode())
         self.vocab = Vocab(self._model)
         self.n_vocab = self.vocab.n_tokens
         self.n_ctx_train = L.llama_model_n_ctx_train(self._model)
