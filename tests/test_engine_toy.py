@@ -235,3 +235,17 @@ def test_ngram_lookup_realigns_with_its_source_after_an_edit():
     # The answer now ends "... 12 50 13": 13 occurs twice before; the copy continues at the source.
     after = ngram.propose(prompt + [10, 11, 12, 50, 13], 3, sampler)
     assert after.tokens == [14, 15, 16] and after.continuing
+
+
+def test_ngram_copy_resumes_past_a_substituted_token():
+    from localspec.engine.drafters import NgramDrafter
+    from localspec.engine.sampling import Sampler
+
+    source = [10, 11, 12, 13, 14, 15, 16, 17]
+    ngram = NgramDrafter()
+    sampler = Sampler(SamplingSettings())
+    first = ngram.propose(source + [10, 11], 4, sampler)
+    assert first.tokens == [12, 13, 14, 15]
+    ngram.observe(first, accepted=1)  # kept 12; the target wrote 77 where the source has 13
+    resumed = ngram.propose(source + [10, 11, 12, 77], 3, sampler)
+    assert resumed.tokens == [14, 15, 16] and resumed.continuing and resumed.evidence == 0

@@ -44,62 +44,73 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Copy what followed the latest earlier occurrence of the text's current ending.
+    """Copy what followed an earlier occurrence of the text's current ending.
 
-    It looks for the longest suffix of the context (up to `max_ngram` tokens) that occurred before,
-    and proposes what came after it. Among equally long matches it prefers the one just after the
-    previous copy's source position: after an edit (a renamed variable, an inserted line) the copy
-    re-aligns with the same source instead of jumping to an unrelated occurrence.
+    It looks for earlier occurrences of the context's last tokens (up to `max_ngram` of them) and
+    proposes what came after. While an answer is copying from a source (code being edited, a quoted
+    passage), a match within a few tokens of where the previous copy stopped wins over longer matches
+    elsewhere; and when the target replaced the copied token with its own (a renamed variable), the
+    next proposal skips that token in the source. So the copy re-aligns right after an edit instead
+    of jumping to an unrelated occurrence. Otherwise the longest match, latest occurrence, wins.
     """
 
     name = "ngram"
+    realign_window = 16  # how far past the previous copy's end a match still counts as its continuation
 
     def __init__(self, max_ngram: int = 6, min_ngram: int = 1):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self._cursor: int | None = None      # source position the copy should continue from
-        self._last_start: int | None = None  # where the last proposal was copied from
+        self._cursor: int | None = None       # source position the copy should continue from
+        self._substituted: int | None = None  # source position of a copied token the target replaced
+        self._last_start: int | None = None   # where the last proposal was copied from
         self._continuing = False
 
     def reset(self) -> None:
-        self._cursor = self._last_start = None
+        self._cursor = self._substituted = self._last_start = None
+        self._continuing = False
 
     def lookup(self, context: Sequence[int], max_len: int) -> tuple[list[int], int]:
-        """(continuation, match length); ([], 0) when nothing matches."""
-        self._last_start = None
+        """(continuation, evidence); evidence is the match length, 0 for a copy resumed past an edit."""
+        substituted, self._substituted = self._substituted, None
+        self._last_start, self._continuing = None, False
         n_ctx = len(context)
         if n_ctx < 2 or max_len <= 0:
             return [], 0
         arr = np.asarray(context, dtype=np.int64)
-        # Every earlier position holding the last token is a candidate end of a match.
-        ends = np.flatnonzero(arr[:-1] == arr[-1])
-        if ends.size == 0:
+        ends, lengths = self._matches(arr)
+        if self._cursor is not None and ends.size:
+            near = (ends >= self._cursor) & (ends < self._cursor + self.realign_window)
+            if near.any():
+                best = int(lengths[near].max())
+                end = int(ends[near & (lengths == best)][0])
+                return self._copy(arr, end + 1, max_len, continuing=True), best
+        if substituted is not None and substituted + 1 < n_ctx - 1:
+            return self._copy(arr, substituted + 1, max_len, continuing=True), 0
+        if not ends.size or int(lengths.max()) < self.min_ngram:
             return [], 0
+        best = int(lengths.max())
+        end = int(ends[lengths == best][-1])
+        return self._copy(arr, end + 1, max_len, continuing=False), best
+
+    def _matches(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Earlier positions holding the last token, and how many tokens match backwards from each."""
+        n_ctx = len(arr)
+        ends = np.flatnonzero(arr[:-1] == arr[-1])
         lengths = np.ones(ends.size, dtype=np.int64)
         alive = np.ones(ends.size, dtype=bool)
         for back in range(1, self.max_ngram):
+            if not alive.any():
+                break
             idx = ends - back
             ok = alive & (idx >= 0)
             ok[ok] = arr[idx[ok]] == arr[n_ctx - 1 - back]
             lengths += ok
             alive = ok
-            if not alive.any():
-                break
-        best = int(lengths.max())
-        if best < self.min_ngram:
-            return [], 0
-        end, self._continuing = self._pick(ends[lengths == best])
-        start = end + 1
-        self._last_start = start
-        return arr[start:min(start + max_len, n_ctx)].tolist(), best
+        return ends, lengths
 
-    def _pick(self, choices: np.ndarray) -> tuple[int, bool]:
-        """The match end to copy after, and whether it continues the previous copy."""
-        if self._cursor is not None:
-            after = choices[choices >= self._cursor]
-            if after.size:
-                return int(after[0]), True
-        return int(choices[-1]), False
+    def _copy(self, arr: np.ndarray, start: int, max_len: int, *, continuing: bool) -> list[int]:
+        self._last_start, self._continuing = start, continuing
+        return arr[start:min(start + max_len, len(arr))].tolist()
 
     def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
         t0 = time.perf_counter()
@@ -109,8 +120,15 @@ class NgramDrafter:
 
     def observe(self, draft: Draft, accepted: int) -> None:
         """Remember how far the copy got, so the next lookup continues from the same source."""
-        if draft.source == "ngram" and draft.tokens and self._last_start is not None:
-            self._cursor = self._last_start + accepted
+        if draft.source != "ngram" or not draft.tokens or self._last_start is None:
+            return
+        # A copy is under way when some of it was kept, or when it came from a long or continuing match
+        # (then a rejection is an edit, not a coincidence). Otherwise forget the source position.
+        copying = accepted > 0 or draft.continuing or draft.evidence >= 3
+        self._cursor = self._last_start + accepted if copying else None
+        # Guess a substitution once, after a real match broke; a failed guess is not guessed on.
+        broke = copying and accepted < len(draft.tokens) and draft.evidence > 0
+        self._substituted = self._cursor if broke else None
 
 
 # ----------------------------------------------------------------------------- draft model

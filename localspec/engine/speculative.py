@@ -83,10 +83,10 @@ class _LazyChoices:
 
 
 # Prior acceptance of n-gram drafts by the evidence behind them: the match length (5 = 5 or more),
-# or "continuing" when the match carries on the previous round's copy (an edit re-aligning with its
-# source). Measured with the default pair on edit/code/story prompts: a fresh 1-token match was kept
-# 11-28% of the time, a continuing copy ~56-94%.
-NGRAM_PRIORS = {"1": 0.15, "2": 0.3, "3": 0.45, "4": 0.55, "5": 0.7, "continuing": 0.6}
+# "continuing" when the match carries on the previous round's copy, or "resumed" when the copy skips
+# a token the target replaced (an edit). Measured with the default pair on edit/code/story prompts:
+# a fresh 1-token match was kept 11-28% of the time, a continuing copy ~56-94%.
+NGRAM_PRIORS = {"1": 0.15, "2": 0.3, "3": 0.45, "4": 0.55, "5": 0.7, "continuing": 0.6, "resumed": 0.3}
 PLAUSIBLE_BEST_ACCEPTANCE = 0.9
 
 
@@ -224,7 +224,9 @@ class Planner:
 
 
 def _bucket(draft: Draft) -> str:
-    return "continuing" if draft.continuing else str(max(1, min(draft.evidence, 5)))
+    if draft.continuing:
+        return "continuing" if draft.evidence > 0 else "resumed"
+    return str(max(1, min(draft.evidence, 5)))
 
 
 def _ngram_key(draft: Draft) -> str:
