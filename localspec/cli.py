@@ -225,6 +225,37 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
                 click.echo(event.one_line(), err=True)
 
 
+@cli.command()
+@click.argument("entry_id", required=False)
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default=None,
+              help="Drafter for this session's conversations (default: each conversation's own setting).")
+@click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
+@click.option("--gpu-layers", type=int, default=None,
+              help="Layers to offload to the GPU (default: all, where llama.cpp was built with GPU support).")
+@click.option("--connect", is_flag=True, help="Use a running `localspec serve` over its Unix socket instead of "
+                                              "loading models in this process.")
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
+              help="The server's Unix socket for --connect (default: the one `localspec serve` uses).")
+def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
+    """Chat in the terminal and watch speculative decoding at work.
+
+    ENTRY_ID is a catalog pair or model (a single model drafts with n-gram lookups), or a GGUF path.
+    Without it: the model of the last conversation, or the first pulled pair; with nothing pulled,
+    the default pair is pulled first (with progress). Conversations are kept in SQLite; press ? for keys.
+    """
+    from localspec.tui.app import create_app
+
+    provider = None
+    if connect:
+        from localspec.tui.remote import RemoteProvider
+
+        provider = RemoteProvider(socket_path)
+    if n_ctx < 64:
+        raise click.BadParameter("must be at least 64", param_hint="--ctx")
+    app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers)
+    app.run()
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

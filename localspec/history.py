@@ -1,0 +1,200 @@
+"""Conversations in SQLite (stdlib sqlite3) under the user data dir, with ordered migrations.
+
+Each migration runs once, in order, inside a transaction; `PRAGMA user_version` records how many ran.
+Add new ones at the end of MIGRATIONS; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec import paths
+from localspec.errors import LocalspecError
+
+MIGRATIONS: list[str] = [
+    # 1: conversations and their messages
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        model TEXT,
+        settings TEXT NOT NULL DEFAULT '{}',
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content TEXT NOT NULL,
+        created REAL NOT NULL
+    );
+    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    """,
+    # 2: how an answer ended, its speculative statistics, and its accepted/rejected spans
+    """
+    ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'complete';
+    ALTER TABLE messages ADD COLUMN stats TEXT;
+    ALTER TABLE messages ADD COLUMN spans TEXT;
+    """,
+]
+
+STATUSES = ("complete", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    id: int
+    title: str
+    model: str | None
+    settings: dict
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    id: int
+    conversation_id: int
+    role: str
+    content: str
+    status: str
+    stats: dict | None
+    spans: list | None      # [[kind, text], ...] with kind in accepted | rejected | target
+    created: float
+
+
+class History:
+    def __init__(self, path: Path | None = None):
+        self.path = path or paths.history_db()
+        paths.ensure(self.path.parent)
+        try:
+            self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.migrate()
+        except sqlite3.DatabaseError as exc:
+            raise LocalspecError(f"The chat history {self.path} cannot be opened: {exc}. "
+                                 "Move it aside to start a fresh one.") from None
+
+    # ------------------------------------------------------------------ schema
+
+    @property
+    def version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        current = self.version
+        if current > len(MIGRATIONS):
+            raise LocalspecError(f"{self.path} was written by a newer localspec (schema {current}); upgrade localspec.")
+        for number, script in enumerate(MIGRATIONS[current:], current + 1):
+            # executescript commits first; wrap each migration so a failure leaves the previous version.
+            self.db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ conversations
+
+    def create(self, title: str = "New chat", model: str | None = None, settings: dict | None = None) -> ConversationRow:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO conversations (title, model, settings, created, updated) VALUES (?, ?, ?, ?, ?)",
+            (title, model, json.dumps(settings or {}), now, now),
+        )
+        return self.get(cur.lastrowid)
+
+    def get(self, conversation_id: int) -> ConversationRow:
+        row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise LocalspecError(f"No conversation {conversation_id}.")
+        return _conversation(row)
+
+    def conversations(self) -> list[ConversationRow]:
+        rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC").fetchall()
+        return [_conversation(r) for r in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        title = " ".join(title.split())[:120] or "Untitled"
+        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def update(self, conversation_id: int, *, model: str | None = None, settings: dict | None = None) -> None:
+        if model is not None:
+            self.db.execute("UPDATE conversations SET model = ? WHERE id = ?", (model, conversation_id))
+        if settings is not None:
+            self.db.execute("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # ------------------------------------------------------------------ messages
+
+    def add(self, conversation_id: int, role: str, content: str, *, status: str = "complete",
+            stats: dict | None = None, spans: list | None = None) -> MessageRow:
+        if status not in STATUSES:
+            raise ValueError(status)
+        now = time.time()
+        with self.db:
+            cur = self.db.execute(
+                "INSERT INTO messages (conversation_id, role, content, status, stats, spans, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, status, _dump(stats), _dump(spans), now),
+            )
+            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (cur.lastrowid,)).fetchone()
+        return _message(row)
+
+    def messages(self, conversation_id: int) -> list[MessageRow]:
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        return [_message(r) for r in rows]
+
+    def prompts(self, limit: int = 200) -> list[str]:
+        """The user's earlier prompts, oldest first, across conversations (for recall with ↑)."""
+        rows = self.db.execute(
+            "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [r[0] for r in reversed(rows)]
+
+    # ------------------------------------------------------------------ export
+
+    def to_markdown(self, conversation_id: int) -> str:
+        conv = self.get(conversation_id)
+        lines = [f"# {conv.title}", ""]
+        if conv.model:
+            lines += [f"*Model: {conv.model}*", ""]
+        for m in self.messages(conversation_id):
+            heading = {"user": "You", "assistant": "Assistant", "system": "System"}[m.role]
+            note = {"cancelled": " (cancelled)", "error": " (failed)"}.get(m.status, "")
+            lines += [f"## {heading}{note}", "", m.content.rstrip(), ""]
+            if m.stats and m.stats.get("one_line"):
+                lines += [f"> {m.stats['one_line']}", ""]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _dump(value) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _load(text: str | None):
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _conversation(row) -> ConversationRow:
+    settings = _load(row[3])
+    return ConversationRow(id=row[0], title=row[1], model=row[2], settings=settings if isinstance(settings, dict) else {},
+                           created=row[4], updated=row[5])
+
+
+def _message(row) -> MessageRow:
+    # Column order: the table's, then columns added by later migrations.
+    return MessageRow(id=row[0], conversation_id=row[1], role=row[2], content=row[3], created=row[4],
+                      status=row[5], stats=_load(row[6]), spans=_load(row[7]))

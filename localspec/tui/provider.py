@@ -1,0 +1,88 @@
+"""Where the chat app gets engines from: the catalog and the local models, or a running server.
+
+The app talks to a provider only; tests give it a scripted one. Every method may block (they run in
+thread workers), none touches widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Choice:
+    id: str
+    kind: str             # "pair" or "model"
+    label: str
+    size: int | None
+    ready: bool           # pulled and verified
+    default: bool = False
+
+
+class Provider(Protocol):
+    def choices(self) -> list[Choice]: ...
+    def default_id(self) -> str: ...
+    def is_ready(self, entry_id: str) -> bool: ...
+    def pull(self, entry_id: str, say: Callable[[str], None]) -> None: ...
+    def pull_progress(self, entry_id: str) -> tuple[int, int | None]: ...
+    def load(self, entry_id: str): ...
+
+
+class LocalProvider:
+    """Models from the catalog, pulled into LOCALSPEC_HOME, loaded in this process."""
+
+    def __init__(self, n_ctx: int = 4096, n_gpu_layers: int | None = None):
+        self.n_ctx = n_ctx
+        self.n_gpu_layers = n_gpu_layers
+        self._lock = threading.Lock()
+
+    def _catalog(self):
+        from localspec.catalog import load_catalog
+
+        return load_catalog()
+
+    def choices(self) -> list[Choice]:
+        from localspec.registry import Registry
+
+        catalog, registry = self._catalog(), Registry()
+        out = []
+        for pair in catalog.pairs.values():
+            ready = all(registry.valid(m.id) for m in pair.models)
+            size = sum(m.size or 0 for m in pair.models) or None
+            out.append(Choice(pair.id, "pair", f"{pair.target.id} + {pair.draft.id}", size, ready,
+                              pair.id == catalog.default_pair))
+        for model in catalog.models.values():
+            out.append(Choice(model.id, "model", model.title, model.size, bool(registry.valid(model.id))))
+        return sorted(out, key=lambda c: (not c.ready, not c.default, c.kind != "pair", c.id))
+
+    def default_id(self) -> str:
+        return self._catalog().default_pair
+
+    def is_ready(self, entry_id: str) -> bool:
+        from localspec.catalog import PairSpec
+        from localspec.registry import Registry
+
+        if Path(entry_id).suffix == ".gguf":
+            return Path(entry_id).exists()
+        entry = self._catalog().resolve(entry_id)
+        models = entry.models if isinstance(entry, PairSpec) else [entry]
+        registry = Registry()
+        return all(registry.valid(m.id) for m in models)
+
+    def pull(self, entry_id: str, say: Callable[[str], None]) -> None:
+        from localspec.pull import pull_entry
+
+        pull_entry(self._catalog().resolve(entry_id), say=say)
+
+    def pull_progress(self, entry_id: str) -> tuple[int, int | None]:
+        from localspec.pull import bytes_on_disk
+
+        return bytes_on_disk(self._catalog().resolve(entry_id))
+
+    def load(self, entry_id: str):
+        from localspec.engine.api import load
+
+        return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers)

@@ -1,0 +1,348 @@
+"""Modal screens: keys, settings, the model picker (with pulling), answer details, rename, confirm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Select, Static, TextArea
+from textual.widgets.option_list import Option
+
+from localspec.config import DRAFTERS, ChatSettings
+from localspec.errors import LocalspecError
+from localspec.tui import spans as sp
+from localspec.tui.widgets import position_bars
+
+KEYS = [
+    ("Enter", "send the prompt"),
+    ("Shift+Enter, Ctrl+J", "new line in the prompt"),
+    ("↑ / ↓", "recall earlier prompts (in an empty prompt)"),
+    ("Esc", "stop the answer (the partial answer is kept, marked cancelled)"),
+    ("Ctrl+T", "show / hide rejected draft tokens"),
+    ("Ctrl+Y", "copy the last answer"),
+    ("Ctrl+G", "copy the last code block of the last answer"),
+    ("Ctrl+N", "new conversation"),
+    ("Ctrl+B", "show / hide the conversation list (there: n new, r rename, d delete, e export)"),
+    ("Ctrl+O", "choose or pull a model pair"),
+    ("Ctrl+S", "settings of this conversation"),
+    ("Ctrl+P", "command palette (every action, by name)"),
+    ("Tab", "move between prompt, conversation and list; Enter on a summary line opens details"),
+    ("? or F1", "this help"),
+    ("Ctrl+C", "quit (stops the answer, frees the models)"),
+]
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+
+    def compose(self):
+        with VerticalScroll(classes="dialog", id="help"):
+            yield Label("Keys", classes="title")
+            for key, what in KEYS:
+                yield Static(Content.assemble((f"{key:>20}  ", "bold $accent"), what))
+            yield Label("Colours", classes="title")
+            yield Static(Content.assemble(
+                ("accepted", sp.STYLES[sp.ACCEPTED]), ": draft tokens the target kept (nearly free)\n",
+                "plain text: tokens the target produced itself\n",
+                ("rejected", sp.STYLES[sp.REJECTED]), ": draft tokens the target threw away",
+            ))
+            yield Button("Close", id="close")
+
+    @on(Button.Pressed, "#close")
+    def _close(self) -> None:
+        self.dismiss(None)
+
+
+class SettingsScreen(ModalScreen[ChatSettings | None]):
+    """The settings of one conversation. Returns new settings, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save", priority=True)]
+
+    def __init__(self, settings: ChatSettings, has_draft_model: bool):
+        super().__init__()
+        self.settings = settings
+        self.has_draft_model = has_draft_model
+
+    def compose(self):
+        s = self.settings
+        with Vertical(classes="dialog", id="settings"):
+            yield Label("Settings of this conversation", classes="title")
+            with Grid(id="settings-grid"):
+                yield Label("drafter")
+                options = [(d + ("" if d != "model" or self.has_draft_model else " (no draft model loaded)"), d)
+                           for d in DRAFTERS]
+                yield Select(options, value=s.drafter, allow_blank=False, id="drafter")
+                yield Label("draft length")
+                yield Input("auto" if s.draft_len is None else str(s.draft_len), id="draft_len",
+                            placeholder="auto or a number")
+                yield Label("temperature")
+                yield Input(str(s.temperature), id="temperature", placeholder="0 = greedy")
+                yield Label("top-k")
+                yield Input(str(s.top_k), id="top_k", type="integer")
+                yield Label("top-p")
+                yield Input(str(s.top_p), id="top_p", type="number")
+                yield Label("min-p")
+                yield Input(str(s.min_p), id="min_p", type="number")
+                yield Label("repeat penalty")
+                yield Input(str(s.repeat_penalty), id="repeat_penalty", type="number")
+                yield Label("seed")
+                yield Input("" if s.seed is None else str(s.seed), id="seed", placeholder="random")
+                yield Label("max tokens")
+                yield Input(str(s.max_tokens), id="max_tokens", type="integer")
+            yield Label("system prompt")
+            yield TextArea(s.system, id="system", soft_wrap=True, compact=True)
+            yield Static("", id="settings-error")
+            with Horizontal(classes="buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def read(self) -> ChatSettings:
+        def text(name: str) -> str:
+            return self.query_one(f"#{name}", Input).value.strip()
+
+        def number(name: str, kind):
+            value = text(name)
+            try:
+                return kind(value)
+            except ValueError:
+                raise LocalspecError(f"{name.replace('_', ' ')} must be a number, not '{value}'") from None
+
+        draft_len = text("draft_len").lower()
+        settings = replace(
+            self.settings,
+            drafter=str(self.query_one("#drafter", Select).value),
+            draft_len=None if draft_len in ("", "auto") else number("draft_len", int),
+            temperature=number("temperature", float),
+            top_k=number("top_k", int),
+            top_p=number("top_p", float),
+            min_p=number("min_p", float),
+            repeat_penalty=number("repeat_penalty", float),
+            seed=None if not text("seed") else number("seed", int),
+            max_tokens=number("max_tokens", int),
+            system=self.query_one("#system", TextArea).text.strip(),
+        )
+        return settings.validated()
+
+    @on(Button.Pressed, "#save")
+    def action_save(self) -> None:
+        try:
+            settings = self.read()
+        except LocalspecError as exc:
+            self.query_one("#settings-error", Static).update(Content.styled(str(exc), "$text-error"))
+            return
+        self.dismiss(settings)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ModelPicker(ModalScreen[str | None]):
+    """Pulled pairs and models first; choosing one that is not pulled pulls it here, with progress."""
+
+    BINDINGS = [Binding("escape", "cancel", "Close")]
+
+    @dataclass
+    class PullFinished(Message):
+        entry_id: str
+        error: str | None
+
+    @dataclass
+    class PullNote(Message):
+        text: str
+
+    def __init__(self, provider, current: str | None, pull_now: str | None = None, intro: str | None = None):
+        super().__init__()
+        self.provider = provider
+        self.current = current
+        self.pull_now = pull_now
+        self.intro = intro
+        self.pulling: str | None = None
+
+    def compose(self):
+        with Vertical(classes="dialog", id="picker"):
+            yield Label("Choose a model pair", classes="title")
+            if self.intro:
+                yield Static(self.intro, id="picker-intro")
+            yield OptionList(id="choices")
+            yield Static("", id="pull-note")
+            yield ProgressBar(id="pull-progress", show_eta=True)
+            yield Static(Content.styled("Enter: open (pulls it first if needed) · Esc: close", "dim"))
+
+    def on_mount(self) -> None:
+        self.query_one("#pull-progress").display = False
+        options = []
+        for c in self.provider.choices():
+            state = "ready" if c.ready else f"pull {_size(c.size)}"
+            mark = "●" if c.id == self.current else ("✓" if c.ready else " ")
+            text = Content.assemble((f"{mark} ", "$text-success"), (f"{c.id:24}", "bold"), f" {c.kind:5} ",
+                                    (f"{state:12}", "$text-success" if c.ready else "$text-warning"),
+                                    (f" {c.label}" + (" (default)" if c.default else ""), "dim"))
+            options.append(Option(text, id=c.id))
+        chooser = self.query_one("#choices", OptionList)
+        chooser.add_options(options)
+        chooser.highlighted = 0 if options else None
+        chooser.focus()
+        if self.pull_now:
+            self.start_pull(self.pull_now)
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        entry_id = event.option.id
+        if entry_id is None or self.pulling:
+            return
+        if self.provider.is_ready(entry_id):
+            self.dismiss(entry_id)
+        else:
+            self.start_pull(entry_id)
+
+    def start_pull(self, entry_id: str) -> None:
+        self.pulling = entry_id
+        bar = self.query_one("#pull-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=None, progress=0)
+        self.query_one("#pull-note", Static).update(f"Pulling {entry_id}…")
+        self.set_interval(0.5, self._poll)
+        self._pull(entry_id)
+
+    def _poll(self) -> None:
+        if not self.pulling:
+            return
+        try:
+            done, total = self.provider.pull_progress(self.pulling)
+        except Exception:
+            return
+        bar = self.query_one("#pull-progress", ProgressBar)
+        bar.update(total=total, progress=done)
+
+    @work(thread=True, exclusive=True, group="pull")
+    def _pull(self, entry_id: str) -> None:
+        try:
+            self.provider.pull(entry_id, say=lambda text: self.post_message(self.PullNote(text)))
+        except LocalspecError as exc:
+            self.post_message(self.PullFinished(entry_id, str(exc)))
+        except Exception as exc:  # an unexpected failure must not take the app down
+            self.post_message(self.PullFinished(entry_id, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(self.PullFinished(entry_id, None))
+
+    @on(PullNote)
+    def _note(self, message: PullNote) -> None:
+        self.query_one("#pull-note", Static).update(Content(message.text.strip()))
+
+    @on(PullFinished)
+    def _finished(self, message: PullFinished) -> None:
+        self.pulling = None
+        if message.error:
+            self.query_one("#pull-progress").display = False
+            self.query_one("#pull-note", Static).update(
+                Content.styled(f"Pull failed: {message.error}\nChoose again to retry (it resumes).", "$text-error"))
+            return
+        self.dismiss(message.entry_id)
+
+    def action_cancel(self) -> None:
+        if self.pulling:
+            self.notify("The pull goes on in the background; reopen the picker (Ctrl+O) to see it.",
+                        title="Still pulling")
+        self.dismiss(None)
+
+
+class DetailsScreen(ModalScreen[None]):
+    """Everything about one answer: its statistics, and its text with the draft's work coloured in."""
+
+    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
+
+    def __init__(self, stats: dict | None, spans: list | None, text: str):
+        super().__init__()
+        self.stats = stats or {}
+        self.spans = [tuple(s) for s in (spans or [])] or [(sp.TARGET, text)]
+
+    def compose(self):
+        s = self.stats
+        with VerticalScroll(classes="dialog", id="details"):
+            yield Label("Answer details", classes="title")
+            if s.get("error"):
+                yield Static(Content.styled(f"Error: {s['error']}", "$text-error"))
+            if "generated_tokens" in s:
+                rows = [
+                    ("tokens", f"{s['generated_tokens']} generated, prompt {s.get('prompt_tokens', 0)} "
+                               f"({s.get('prompt_evaluated', 0)} evaluated, {s.get('prompt_s', 0):.2f}s)"),
+                    ("throughput", f"{s.get('tokens_per_s', 0):.1f} tok/s in {s.get('wall_s', 0):.2f}s"),
+                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s (measured on this target)"),
+                    ("speedup", f"{s.get('speedup', 0):.2f}×"),
+                    ("drafted", f"{s.get('drafted', 0)} tokens, {s.get('accepted', 0)} accepted "
+                                f"({s.get('acceptance_rate', 0):.0%}), {s.get('mean_accepted_per_round', 0):.2f} per round"),
+                    ("rounds", f"{s.get('rounds', 0)}: " + ", ".join(f"{k} {v}" for k, v in
+                                                                    (s.get('rounds_by_drafter') or {}).items())),
+                    ("time", f"draft {s.get('draft_s', 0):.2f}s, verify {s.get('verify_s', 0):.2f}s"),
+                    ("drafter", str(s.get("drafter", ""))),
+                    ("stopped", str(s.get("stop_reason", ""))),
+                ]
+                for key, value in rows:
+                    yield Static(Content.assemble((f"{key:>15}  ", "bold"), value))
+                by_pos = s.get("acceptance_by_position") or []
+                tried = s.get("drafted_by_position") or []
+                kept = [round(r * n) for r, n in zip(by_pos, tried)]
+                yield Label("acceptance by draft position", classes="caption")
+                yield Static(position_bars(kept, tried))
+            yield Label("the answer, as drafted and verified", classes="caption")
+            yield Static(sp.render(self.spans), id="details-spans")
+            yield Button("Close", id="close")
+
+    @on(Button.Pressed, "#close")
+    def _close(self) -> None:
+        self.dismiss(None)
+
+
+class RenameScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str):
+        super().__init__()
+        self.current = title
+
+    def compose(self):
+        with Vertical(classes="dialog small"):
+            yield Label("Rename conversation", classes="title")
+            yield Input(self.current, id="title")
+
+    @on(Input.Submitted)
+    def _done(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("escape,n", "no", "No"), Binding("y", "yes", "Yes")]
+
+    def __init__(self, question: str):
+        super().__init__()
+        self.question = question
+
+    def compose(self):
+        with Vertical(classes="dialog small"):
+            yield Static(self.question)
+            with Horizontal(classes="buttons"):
+                yield Button("Yes (y)", variant="error", id="yes")
+                yield Button("No (n)", id="no")
+
+    @on(Button.Pressed, "#yes")
+    def action_yes(self) -> None:
+        self.dismiss(True)
+
+    @on(Button.Pressed, "#no")
+    def action_no(self) -> None:
+        self.dismiss(False)

@@ -1,0 +1,362 @@
+"""The chat screen's widgets. Each posts its own messages; none of them decodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from textual import events, on, work
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import ListItem, ListView, Label, Markdown, Sparkline, Static, TextArea
+
+from localspec.engine.events import Prefill, Round, Summary, Tally
+from localspec.errors import LocalspecError
+from localspec.tui import spans as sp
+
+FREEZE_AT = 600  # characters in the live block before its finished lines are frozen
+
+
+class PromptInput(TextArea):
+    """Multi-line prompt: Enter sends, Shift+Enter or Ctrl+J adds a line, ↑/↓ recall earlier prompts."""
+
+    @dataclass
+    class Submitted(Message):
+        text: str
+
+    @dataclass
+    class HelpRequested(Message):
+        pass
+
+    def __init__(self, history: list[str] | None = None, **kwargs):
+        super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)
+        self.recall = list(history or [])
+        self._recall_at: int | None = None
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text.strip()
+            if text:
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in ("shift+enter", "ctrl+j"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        if event.key == "question_mark" and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.HelpRequested())
+            return
+        if event.key == "up" and self.cursor_location[0] == 0 and (not self.text or self._recall_at is not None):
+            event.stop()
+            event.prevent_default()
+            self._step_recall(-1)
+            return
+        if event.key == "down" and self._recall_at is not None and self.cursor_location[0] == self.document.line_count - 1:
+            event.stop()
+            event.prevent_default()
+            self._step_recall(+1)
+            return
+        await super()._on_key(event)
+
+    def _step_recall(self, step: int) -> None:
+        if not self.recall:
+            return
+        at = len(self.recall) if self._recall_at is None else self._recall_at
+        at = max(0, min(len(self.recall), at + step))
+        self._recall_at = None if at == len(self.recall) else at
+        self.load_text("" if self._recall_at is None else self.recall[at])
+        self.move_cursor(self.document.end)
+
+    def remember(self, text: str) -> None:
+        if not self.recall or self.recall[-1] != text:
+            self.recall.append(text)
+        self._recall_at = None
+
+
+class UserMessage(Static):
+    def __init__(self, text: str):
+        super().__init__(Content(text), classes="message user")
+
+
+class SummaryLine(Static, can_focus=True):
+    """One line under an answer: how it ended and what speculation bought. Enter or click for details."""
+
+    BINDINGS = [Binding("enter", "open", "Details", show=False)]
+
+    @dataclass
+    class Opened(Message):
+        line: "SummaryLine"
+
+    def __init__(self, stats: dict | None, status: str, error: str | None = None):
+        self.stats = stats or {}
+        self.status = status
+        self.error = error
+        super().__init__(self._describe(), classes=f"summary {status}")
+
+    def _describe(self) -> Content:
+        parts: list = []
+        if self.status == "cancelled":
+            parts.append(("■ cancelled  ", "$text-warning bold"))
+        elif self.status == "error":
+            parts.append((f"✖ {self.error or 'failed'}  ", "$text-error bold"))
+        s = self.stats
+        if s.get("generated_tokens") is not None:
+            parts.append(
+                f"{s['generated_tokens']} tok · {s.get('tokens_per_s', 0):.1f} tok/s · "
+                f"{s.get('speedup', 0):.2f}× plain · {s.get('acceptance_rate', 0):.0%} accepted"
+            )
+            parts.append(("  (details)", "dim"))
+        return Content.assemble(*parts)
+
+    def on_click(self) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        self.post_message(self.Opened(self))
+
+
+class AssistantMessage(Vertical):
+    """An answer: coloured spans while it streams, Markdown once it is finished."""
+
+    def __init__(self, spans: list[sp.Span] | None = None, *, finished: bool = False, stats: dict | None = None,
+                 status: str = "complete", error: str | None = None, content: str | None = None):
+        super().__init__(classes="message assistant")
+        self.spans: list[sp.Span] = list(spans or [])
+        self.finished = finished
+        self.stats = stats
+        self.status = status
+        self.error = error
+        self.content = content
+        self._live_spans: list[sp.Span] = []
+        self._live: Static | None = None
+        self.show_rejected = True
+
+    def compose(self):
+        if self.finished:
+            yield Markdown(self.text or "*(no text)*", classes="answer")
+            yield SummaryLine(self.stats, self.status, self.error)
+        else:
+            self._live = Static("", classes="block live")
+            yield self._live
+
+    @property
+    def text(self) -> str:
+        return self.content if self.content is not None else sp.answer_text(self.spans)
+
+    def add(self, new: list[sp.Span]) -> None:
+        sp.merge(self.spans, [s for s in new])
+        sp.merge(self._live_spans, list(new))
+        frozen, self._live_spans = sp.split_frozen(self._live_spans, FREEZE_AT)
+        if frozen and self._live is not None:
+            block = Static(sp.render(frozen, self.show_rejected), classes="block")
+            block.spans = frozen  # type: ignore[attr-defined]
+            self.mount(block, before=self._live)
+        if self._live is not None:
+            self._live.update(sp.render(self._live_spans, self.show_rejected))
+
+    def set_show_rejected(self, show: bool) -> None:
+        self.show_rejected = show
+        if self.finished:
+            return
+        for block in self.query(".block"):
+            spans = self._live_spans if block is self._live else getattr(block, "spans", [])
+            block.update(sp.render(spans, show))
+
+    async def finish(self, stats: dict | None, status: str, error: str | None = None) -> None:
+        self.finished, self.stats, self.status, self.error = True, stats, status, error
+        await self.remove_children()
+        self._live = None
+        await self.mount(Markdown(self.text or "*(no text)*", classes="answer"), SummaryLine(stats, status, error))
+
+
+class ChatLog(VerticalScroll):
+    """The messages of the open conversation, and the worker that streams an answer into it.
+
+    The worker runs the engine in a thread and only posts messages; rounds are rendered here, and the
+    messages bubble on to the app (statistics, history).
+    """
+
+    @dataclass
+    class Streamed(Message):
+        event: Prefill | Round | Summary
+
+    @dataclass
+    class Failed(Message):
+        error: str
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.current: AssistantMessage | None = None
+
+    @work(thread=True, exclusive=True, group="generate")
+    def generate(self, engine, messages: list[dict], options: dict, cancel: threading.Event,
+                 done: threading.Event) -> None:
+        try:
+            for event in engine.chat(messages, cancel=cancel, **options):
+                self.post_message(self.Streamed(event))
+        except LocalspecError as exc:
+            self.post_message(self.Failed(str(exc)))
+        except Exception as exc:  # an engine failure mid-answer must not take the app (or the history) down
+            self.post_message(self.Failed(f"The engine failed: {type(exc).__name__}: {exc}"))
+        finally:
+            done.set()
+
+    @on(Streamed)
+    def _show_round(self, message: Streamed) -> None:
+        if isinstance(message.event, Round) and self.current is not None:
+            self.current.add(sp.round_spans(message.event))
+            self.follow()
+
+    def follow(self) -> None:
+        """Stay at the bottom while the answer grows, unless the user scrolled up to read."""
+        if self.max_scroll_y - self.scroll_y <= 3:
+            self.scroll_end(animate=False, immediate=False)
+
+
+class StatsPanel(Vertical):
+    """Live statistics of the current answer: throughput against plain decoding, and acceptance."""
+
+    drafter_label = reactive("")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.baseline = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tally = Tally()
+        self.started = 0.0
+        self.tokens_per_s = 0.0
+        self.recent: deque[tuple[int, float]] = deque(maxlen=4)
+        self.last_draft = 0
+        self.last_drafter = "—"
+        self.history: list[float] = []
+        self.showing_stored = False
+
+    def compose(self):
+        yield Static("", id="stats-numbers")
+        yield Label("tokens/s over the answer", classes="caption")
+        yield Sparkline([], id="stats-spark")
+        yield Label("accepted by draft position", classes="caption")
+        yield Static("", id="stats-positions")
+        yield Static(self._legend(), id="stats-legend")
+
+    def on_mount(self) -> None:
+        self.refresh_numbers()
+
+    @staticmethod
+    def _legend() -> Content:
+        return Content.assemble("legend: ", ("accepted", sp.STYLES[sp.ACCEPTED]), " · target · ",
+                                ("rejected", sp.STYLES[sp.REJECTED]))
+
+    def start(self, baseline: float) -> None:
+        self._reset()
+        self.baseline = baseline
+        self.started = time.perf_counter()
+        self.query_one("#stats-spark", Sparkline).data = []
+        self.refresh_numbers()
+
+    def add(self, event: Prefill | Round | Summary) -> None:
+        if isinstance(event, Prefill):
+            self.started = time.perf_counter()
+        elif isinstance(event, Round):
+            if event.drafted == 0 and event.token is None:
+                return  # text released at the end, not a decoding step
+            self.tally.add(event)
+            elapsed = time.perf_counter() - self.started
+            self.tokens_per_s = self.tally.generated / elapsed if elapsed > 0 else 0.0
+            self.recent.append((event.emitted, event.draft_s + event.verify_s))
+            spent = sum(s for _, s in self.recent)
+            self.history.append(sum(n for n, _ in self.recent) / spent if spent > 0 else 0.0)
+            self.last_draft = event.drafted
+            self.last_drafter = event.drafter
+            self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
+        elif isinstance(event, Summary):
+            self.tokens_per_s = event.tokens_per_s
+            if event.baseline_tokens_per_s:
+                self.baseline = event.baseline_tokens_per_s
+        self.refresh_numbers()
+
+    def show_stored(self, stats: dict) -> None:
+        """The statistics of a finished answer from the history (when a conversation is opened)."""
+        self._reset()
+        t = self.tally
+        t.drafted, t.accepted = stats.get("drafted", 0), stats.get("accepted", 0)
+        mean = stats.get("mean_accepted_per_round", 0)
+        t.drafting_rounds = round(t.accepted / mean) if mean else 0
+        t.tried_at = list(stats.get("drafted_by_position") or [])
+        t.kept_at = [round(r * n) for r, n in zip(stats.get("acceptance_by_position") or [], t.tried_at)]
+        self.tokens_per_s = stats.get("tokens_per_s", 0.0)
+        self.baseline = stats.get("baseline_tokens_per_s", 0.0) or self.baseline
+        self.last_drafter = str(stats.get("drafter", "—"))
+        self.showing_stored = True
+        self.refresh_numbers()
+
+    def refresh_numbers(self) -> None:
+        t = self.tally
+        speedup = self.tokens_per_s / self.baseline if self.baseline and self.tokens_per_s else 0.0
+        rate = t.accepted / t.drafted if t.drafted else 0.0
+        per_round = t.accepted / t.drafting_rounds if t.drafting_rounds else 0.0
+        lines = Content.assemble(
+            ("now      ", "dim"), f"{self.tokens_per_s:6.1f} tok/s\n",
+            ("plain    ", "dim"), f"{self.baseline:6.1f} tok/s\n",
+            ("speedup  ", "dim"), (f"{speedup:6.2f}×\n", "bold $text-success" if speedup >= 1 else "bold"),
+            ("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}\n",
+            ("per round", "dim"), f"{per_round:6.2f} tokens\n",
+            ("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted\n",
+            ("setting  ", "dim"), self.drafter_label or "—",
+        )
+        self.query_one("#stats-numbers", Static).update(lines)
+        self.query_one("#stats-positions", Static).update(position_bars(t.kept_at, t.tried_at))
+
+
+def position_bars(kept: list[int], tried: list[int], width: int = 12, rows: int = 8) -> Content:
+    if not tried:
+        return Content.styled("(no drafts yet)", "dim")
+    parts: list = []
+    for i, (k, n) in enumerate(zip(kept[:rows], tried[:rows]), 1):
+        rate = k / n if n else 0.0
+        full = round(rate * width)
+        parts += [f"{i:>2} ", ("█" * full, "$text-success"), ("░" * (width - full), "dim"), f" {rate:4.0%}\n"]
+    return Content.assemble(*parts).rstrip()
+
+
+class ConversationList(ListView):
+    """The sidebar: one item per conversation, most recent first."""
+
+    BINDINGS = [
+        Binding("n", "app.new_conversation", "New"),
+        Binding("r", "app.rename_conversation", "Rename"),
+        Binding("delete,d", "app.delete_conversation", "Delete"),
+        Binding("e", "app.export_conversation", "Export"),
+    ]
+
+    @dataclass
+    class Picked(Message):
+        conversation_id: int
+
+    def set_items(self, rows, selected: int | None) -> None:
+        self.clear()
+        index = None
+        for i, row in enumerate(rows):
+            item = ListItem(Label(row.title, markup=False), name=str(row.id))
+            self.append(item)
+            if row.id == selected:
+                index = i
+        self.index = index
+
+    @on(ListView.Selected)
+    def _picked(self, event: ListView.Selected) -> None:
+        event.stop()
+        if event.item is not None and event.item.name:
+            self.post_message(self.Picked(int(event.item.name)))

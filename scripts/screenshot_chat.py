@@ -1,0 +1,48 @@
+"""Render the chat screen after a real answer, for the README: assets/chat.svg.
+
+    LOCALSPEC_HOME=... .venv/bin/python scripts/screenshot_chat.py [PAIR] [--out assets/chat.svg]
+
+Uses the models already pulled in LOCALSPEC_HOME and a throwaway history.
+"""
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT = (
+    "Rename the variable n to count and add a docstring:\n\n"
+    "def tally(items):\n    n = 0\n    for item in items:\n        if item:\n            n += 1\n    return n"
+)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("pair", nargs="?", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--out", default="assets/chat.svg")
+    args = parser.parse_args()
+
+    from localspec.config import ChatSettings, UserConfig
+    from localspec.history import History
+    from localspec.tui.app import create_app
+
+    history = History(Path(tempfile.mkdtemp()) / "history.sqlite3")
+    app = create_app(args.pair, history=history, config=UserConfig(chat=ChatSettings(max_tokens=160)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.engine is None:
+            await pilot.pause(0.1)
+        app.prompt.load_text(PROMPT)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        while app.generating:
+            await pilot.pause(0.1)
+        app.clear_notifications()
+        await pilot.pause(0.2)
+        app.save_screenshot(os.path.basename(args.out), path=os.path.dirname(args.out) or ".")
+        print(app.history.messages(app.conversation.id)[-1].stats["one_line"])
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

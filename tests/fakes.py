@@ -1,0 +1,108 @@
+"""A scripted engine and provider for fast UI tests (the real engine has its own end-to-end test)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from localspec.engine.events import Prefill, Round, Tally
+from localspec.errors import ContextOverflowError
+from localspec.tui.provider import Choice
+
+# Each step: (accepted text, rejected text, the target's own text)
+STEPS = [
+    ("def ", "", "add"),
+    ("(a, b", ", c", ")"),
+    (":\n    return a", " -", " +"),
+    (" b\n", "", ""),
+]
+
+
+class Cost:
+    plain_tokens_per_s = 10.0
+
+
+@dataclass
+class ScriptedEngine:
+    steps: list = field(default_factory=lambda: list(STEPS))
+    delay: float = 0.0
+    hold: threading.Event | None = None      # when set, the engine waits for it after the first round
+    draft: object = "draft-model"
+    n_ctx: int = 4096
+    fail_after: int | None = None            # raise mid-answer after this many rounds
+    calls: list = field(default_factory=list)
+    closed: bool = False
+    cost: Cost = field(default_factory=Cost)
+
+    def chat(self, messages, *, cancel, max_tokens=512, sampling=None, drafter=None, draft_len=None):
+        self.calls.append({"messages": [dict(m) for m in messages], "max_tokens": max_tokens, "sampling": sampling,
+                           "drafter": drafter, "draft_len": draft_len})
+        if sum(len(m["content"]) for m in messages) > self.n_ctx:
+            raise ContextOverflowError("The prompt is longer than the context window holds.")
+        return self._events(cancel)
+
+    def _events(self, cancel):
+        yield Prefill(prompt_tokens=10, evaluated=10, cached=0, seconds=0.01)
+        tally, text = Tally(), ""
+        stop = "eog"
+        for i, (acc, rej, tok) in enumerate(self.steps):
+            if cancel.is_set():
+                stop = "cancelled"
+                break
+            if self.fail_after is not None and i >= self.fail_after:
+                raise RuntimeError("llama_decode returned -3")
+            accepted = tuple(range(len(acc.split()) or (1 if acc else 0)))
+            rejected = tuple(range(len(rej.split()) or (1 if rej else 0)))
+            event = Round(index=i, drafter="model" if accepted or rejected else "none", accepted=accepted,
+                          rejected=rejected, token=7 if tok else None, token_kind="correction" if rejected else "bonus",
+                          accepted_text=acc, rejected_text=rej, token_text=tok, text=acc + tok,
+                          draft_s=0.001, verify_s=0.01)
+            tally.add(event)
+            text += acc + tok
+            yield event
+            if self.delay:
+                time.sleep(self.delay)
+            if self.hold is not None and i == 0:
+                while not self.hold.is_set() and not cancel.is_set():
+                    time.sleep(0.01)
+        yield tally.summary(text=text, stop_reason=stop, prefill=Prefill(10, 10, 0, 0.01),
+                            wall_s=tally.draft_s + tally.verify_s or 1e-3, baseline_tokens_per_s=10.0, drafter="auto")
+
+    def close(self):
+        self.closed = True
+
+
+class ScriptedProvider:
+    def __init__(self, engine: ScriptedEngine | None = None, ready: bool = True):
+        self.engine = engine or ScriptedEngine()
+        self.ready = ready
+        self.loaded: list[str] = []
+        self.pulled: list[str] = []
+
+    def choices(self):
+        return [Choice("pair-a", "pair", "target + draft", 2_000_000_000, self.ready, default=True),
+                Choice("model-b", "model", "a single model", 1_000_000_000, self.ready)]
+
+    def default_id(self):
+        return "pair-a"
+
+    def is_ready(self, entry_id):
+        if entry_id not in ("pair-a", "model-b"):
+            from localspec.errors import UnknownIdError
+
+            raise UnknownIdError(f"Unknown model or pair '{entry_id}'.")
+        return self.ready
+
+    def pull(self, entry_id, say):
+        say(f"pulling {entry_id}")
+        time.sleep(0.05)
+        self.pulled.append(entry_id)
+        self.ready = True
+
+    def pull_progress(self, entry_id):
+        return (1, 2)
+
+    def load(self, entry_id):
+        self.loaded.append(entry_id)
+        return self.engine

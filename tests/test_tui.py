@@ -1,0 +1,300 @@
+"""The chat app through Textual's pilot, driven by a scripted engine (see test_tui_real for the real one)."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from fakes import ScriptedEngine, ScriptedProvider
+
+from localspec.config import ChatSettings, UserConfig
+from localspec.history import History
+from localspec.tui import spans as sp
+from localspec.tui.app import create_app
+from localspec.tui.widgets import AssistantMessage, SummaryLine, UserMessage
+
+pytestmark = pytest.mark.anyio
+
+
+async def until(pilot, condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.02)
+
+
+def make_app(provider=None, **kwargs):
+    return create_app(provider=provider or ScriptedProvider(), config=UserConfig(), **kwargs)
+
+
+async def send(pilot, text):
+    for ch in text:
+        await pilot.press(ch if ch != " " else "space")
+    await pilot.press("enter")
+
+
+async def test_answer_streams_with_accepted_and_rejected_spans_styled():
+    hold = threading.Event()
+    provider = ScriptedProvider(ScriptedEngine(hold=hold))
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "write add")
+        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        answer = app.log_view.current
+        # first round: "def " accepted, nothing rejected, "add" from the target
+        assert answer.spans == [(sp.ACCEPTED, "def "), (sp.TARGET, "add")]
+        live = answer.query_one(".live")
+        content = live.visual
+        styles = {content.plain[s.start:s.end]: str(s.style) for s in content.spans}
+        assert styles["def "] == sp.STYLES[sp.ACCEPTED]
+        hold.set()
+        await until(pilot, lambda: not app.generating)
+        # the rejected ", c" sits where it was rejected, before the target's correction ")"
+        assert (sp.REJECTED, ", c") in answer.spans
+        kinds = [k for k, _ in answer.spans]
+        assert kinds.index(sp.REJECTED) < len(kinds) - 1
+        assert answer.text == "def add(a, b):\n    return a + b\n"
+        rows = app.history.messages(app.conversation.id)
+        assert [r.role for r in rows] == ["user", "assistant"]
+        assert rows[1].content == answer.text and rows[1].status == "complete"
+        assert [sp.REJECTED, ", c"] in rows[1].spans
+        assert rows[1].stats["acceptance_rate"] == pytest.approx(7 / 10)
+        # finished: Markdown plus a summary line, and the stats panel shows the summary
+        assert answer.query("Markdown") and answer.query_one(SummaryLine).status == "complete"
+        assert app.stats.tally.drafted == 10 and app.stats.tally.accepted == 7
+
+
+async def test_hiding_rejected_tokens_rerenders_the_stream():
+    hold = threading.Event()
+    app = make_app(ScriptedProvider(ScriptedEngine(steps=[("a", "WRONG", "b"), ("c", "", "d")], hold=hold)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "x")
+        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        live = app.log_view.current.query_one(".live")
+        assert "WRONG" in live.visual.plain
+        await pilot.press("ctrl+t")
+        assert "WRONG" not in live.visual.plain and live.visual.plain == "ab"
+        hold.set()
+        await until(pilot, lambda: not app.generating)
+
+
+async def test_escape_cancels_and_keeps_the_partial_answer_marked():
+    hold = threading.Event()
+    app = make_app(ScriptedProvider(ScriptedEngine(hold=hold)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "go")
+        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.generating)
+        rows = app.history.messages(app.conversation.id)
+        assert rows[-1].status == "cancelled" and rows[-1].content == "def add"
+        line = app.log_view.query(SummaryLine).last()
+        assert line.status == "cancelled" and "cancelled" in line.visual.plain
+
+
+async def test_conversations_survive_a_restart_and_switching_restores_them():
+    provider = ScriptedProvider()
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "first chat")
+        await until(pilot, lambda: not app.generating)
+        first = app.conversation.id
+        await pilot.press("ctrl+n")
+        await send(pilot, "second chat")
+        await until(pilot, lambda: not app.generating)
+        second = app.conversation.id
+        assert first != second
+    assert provider.engine.closed  # quitting frees the models
+
+    app = make_app(ScriptedProvider())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        assert app.conversation.id == second  # most recent first
+        assert [w.visual.plain for w in app.log_view.query(UserMessage)] == ["second chat"]
+        sidebar = app.query_one("#sidebar")
+        assert [item.name for item in sidebar.children] == [str(second), str(first)]
+        sidebar.index = 1
+        sidebar.action_select_cursor()
+        await until(pilot, lambda: app.conversation.id == first)
+        assert [w.visual.plain for w in app.log_view.query(UserMessage)] == ["first chat"]
+        answers = list(app.log_view.query(AssistantMessage))
+        assert answers[0].finished and answers[0].text.startswith("def add")
+        # the next prompt carries the restored history to the engine
+        await send(pilot, "and again")
+        await until(pilot, lambda: not app.generating)
+        sent = app.provider.engine.calls[-1]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "user"] and sent[0]["content"] == "first chat"
+
+
+async def test_settings_change_what_the_engine_is_asked_for():
+    provider = ScriptedProvider()
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await pilot.press("ctrl+s")
+        screen = app.screen
+        screen.query_one("#drafter").value = "ngram"
+        screen.query_one("#draft_len").value = "3"
+        screen.query_one("#temperature").value = "0.5"
+        screen.query_one("#max_tokens").value = "64"
+        screen.query_one("#system").load_text("Be terse.")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.screen is not screen)
+        assert app.settings == ChatSettings(drafter="ngram", draft_len=3, temperature=0.5, max_tokens=64, system="Be terse.")
+        await send(pilot, "hi")
+        await until(pilot, lambda: not app.generating)
+        call = provider.engine.calls[-1]
+        assert (call["drafter"], call["draft_len"], call["max_tokens"]) == ("ngram", 3, 64)
+        assert call["sampling"].temperature == 0.5
+        assert call["messages"][0] == {"role": "system", "content": "Be terse."}
+        assert app.history.get(app.conversation.id).settings["drafter"] == "ngram"
+
+
+async def test_invalid_settings_are_explained_and_not_saved():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await pilot.press("ctrl+s")
+        screen = app.screen
+        screen.query_one("#temperature").value = "hot"
+        await pilot.press("ctrl+s")
+        assert app.screen is screen
+        assert "temperature must be a number" in screen.query_one("#settings-error").visual.plain
+        await pilot.press("escape")
+        assert app.settings == ChatSettings()
+
+
+async def test_prompt_longer_than_the_context_is_reported_and_nothing_is_lost():
+    app = make_app(ScriptedProvider(ScriptedEngine(n_ctx=20)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "this prompt is far too long for the tiny context")
+        await until(pilot, lambda: not app.generating)
+        notes = [n.message for n in app._notifications]
+        assert any("longer than the context" in n for n in notes)
+        rows = app.history.messages(app.conversation.id)
+        assert rows[0].content.startswith("this prompt") and rows[1].status == "error"
+        # the failed turn is not sent again with the next prompt
+        app.engine.n_ctx = 4096
+        await send(pilot, "short")
+        await until(pilot, lambda: not app.generating)
+        assert [m["content"] for m in app.engine.calls[-1]["messages"]] == ["short"]
+
+
+async def test_engine_error_mid_answer_keeps_the_partial_answer():
+    app = make_app(ScriptedProvider(ScriptedEngine(fail_after=2)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "go")
+        await until(pilot, lambda: not app.generating)
+        rows = app.history.messages(app.conversation.id)
+        assert rows[-1].status == "error" and rows[-1].content == "def add(a, b)"
+        assert "llama_decode returned -3" in rows[-1].stats["error"]
+        assert app.is_running
+
+
+async def test_nothing_pulled_pulls_the_default_pair_then_chats():
+    provider = ScriptedProvider(ready=False)
+    app = make_app(provider)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        assert provider.pulled == ["pair-a"] and provider.loaded == ["pair-a"]
+
+
+async def test_unknown_model_is_a_notification_and_the_picker_opens():
+    app = make_app(entry_id="no-such-model")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.1)
+        assert any("Unknown model" in n.message for n in app._notifications)
+        assert type(app.screen).__name__ == "ModelPicker"
+        await pilot.press("enter")  # the first, ready choice
+        await until(pilot, lambda: app.engine is not None)
+        assert app.engine_id == "pair-a"
+
+
+async def test_drafter_model_without_a_draft_model_is_refused_before_sending():
+    app = make_app(ScriptedProvider(ScriptedEngine(draft=None)), drafter="model")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "hi")
+        assert any("has no draft model" in n.message for n in app._notifications)
+        assert app.prompt.text == "hi"  # the prompt stays for the user to send again
+        assert app.history.messages(app.conversation.id) == []
+
+
+async def test_up_recalls_earlier_prompts_and_export_writes_markdown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "one")
+        await until(pilot, lambda: not app.generating)
+        await send(pilot, "two")
+        await until(pilot, lambda: not app.generating)
+        await pilot.press("up")
+        assert app.prompt.text == "two"
+        await pilot.press("up")
+        assert app.prompt.text == "one"
+        await pilot.press("down")
+        assert app.prompt.text == "two"
+        app.action_export_conversation()
+        app.action_export_conversation()
+        files = sorted(p.name for p in tmp_path.glob("localspec-*.md"))
+        assert files == ["localspec-one-2.md", "localspec-one.md"]
+        text = (tmp_path / "localspec-one.md").read_text()
+        assert "## You\n\none" in text and "def add(a, b)" in text
+
+
+async def test_rename_and_delete_from_the_sidebar():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "keep me")
+        await until(pilot, lambda: not app.generating)
+        app.action_rename_conversation()
+        await pilot.pause()
+        app.screen.query_one("#title").value = "Renamed"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.conversation.title == "Renamed")
+        app.action_delete_conversation()
+        await pilot.pause()
+        await pilot.press("y")
+        await until(pilot, lambda: app.conversation.title != "Renamed")
+        assert [c.title for c in app.history.conversations()] == ["New chat"]
+        assert app.history.messages(app.conversation.id) == [] and not app.log_view.query(UserMessage)
+
+
+async def test_quit_while_answering_saves_the_partial_answer_then_frees_the_engine():
+    hold = threading.Event()
+    provider = ScriptedProvider(ScriptedEngine(hold=hold))
+    app = make_app(provider)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "go")
+        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        conv = app.conversation.id
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: not app.is_running, timeout=5)
+    assert provider.engine.closed
+    rows = History().messages(conv)
+    assert rows[-1].status == "cancelled" and rows[-1].content == "def add"
+
+
+async def test_help_and_details_screens():
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await send(pilot, "hi")
+        await until(pilot, lambda: not app.generating)
+        app.log_view.query(SummaryLine).last().action_open()
+        await pilot.pause()
+        assert type(app.screen).__name__ == "DetailsScreen"
+        assert "def add" in app.screen.query_one("#details-spans").visual.plain

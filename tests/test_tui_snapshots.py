@@ -1,0 +1,62 @@
+"""Pictures of the main screen (pytest-textual-snapshot). Update with: pytest --snapshot-update."""
+
+import pytest
+from fakes import ScriptedProvider
+
+from localspec.config import UserConfig
+from localspec.history import History
+from localspec.tui.app import create_app
+
+ANSWER_SPANS = [
+    ["target", "Here is the function with "],
+    ["accepted", "`count`"],
+    ["target", " instead of `n`:\n\n```python\ndef "],
+    ["accepted", "tally(items):\n    count = 0\n    for item in items:\n"],
+    ["rejected", "        n +="],
+    ["target", "        count"],
+    ["accepted", " += 1\n    return count\n```"],
+]
+STATS = {
+    "generated_tokens": 42, "tokens_per_s": 23.1, "baseline_tokens_per_s": 14.2, "speedup": 1.63,
+    "acceptance_rate": 0.79, "drafted": 38, "accepted": 30, "mean_accepted_per_round": 3.3, "rounds": 12,
+    "acceptance_by_position": [0.95, 0.9, 0.8, 0.6], "drafted_by_position": [12, 10, 9, 7],
+    "stop_reason": "eog", "drafter": "auto", "one_line": "42 tokens",
+}
+
+
+def stored_conversation():
+    history = History()
+    older = history.create("Sort a list")
+    history.add(older.id, "user", "Sort a list in Python")
+    conv = history.create("Rename n to count")
+    history.add(conv.id, "user", "Rename n to count:\n\ndef tally(items):\n    n = 0\n    for item in items:\n        n += 1\n    return n")
+    text = "".join(t for k, t in ANSWER_SPANS if k != "rejected")
+    history.add(conv.id, "assistant", text, stats=STATS, spans=ANSWER_SPANS)
+    history.close()
+
+
+async def settle(pilot):
+    app = pilot.app
+    while app.engine is None:
+        await pilot.pause(0.02)
+    app.clear_notifications()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(120, 36), (80, 24)])
+def test_main_screen_with_a_finished_speculative_answer(snap_compare, size):
+    stored_conversation()
+    app = create_app(provider=ScriptedProvider(), config=UserConfig())
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def test_details_of_an_answer(snap_compare):
+    stored_conversation()
+    app = create_app(provider=ScriptedProvider(), config=UserConfig())
+
+    async def open_details(pilot):
+        await settle(pilot)
+        pilot.app.log_view.query("SummaryLine").last().action_open()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(100, 36), run_before=open_details)
