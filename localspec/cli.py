@@ -256,6 +256,36 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
     app.run()
 
 
+@cli.command()
+@click.argument("entry_id", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="TCP address. Anything but loopback needs --api-key and prints a warning.")
+@click.option("--port", type=int, default=8012, show_default=True, help="TCP port (8012: llama.vim's and llama.vscode's default).")
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
+              help="Unix socket path (default: localspec.sock in the user runtime dir).")
+@click.option("--no-socket", is_flag=True, help="Listen on TCP only.")
+@click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True, help="Context window in tokens.")
+@click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
+def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, gpu_layers) -> None:
+    """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
+
+    Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
+    refused. ENTRY_ID defaults to the default pair.
+    """
+    from localspec.catalog import load_catalog
+    from localspec.server.run import default_socket
+    from localspec.server.run import serve as run_server
+
+    if not 0 <= port <= 65535:
+        raise click.BadParameter("must be 0-65535", param_hint="--port")
+    entry = entry_id or load_catalog().default_pair
+    sock = None if no_socket else (Path(socket_path) if socket_path else default_socket())
+    run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
+               n_gpu_layers=gpu_layers, say=lambda m: click.echo(m, err=True))
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

@@ -50,6 +50,12 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M: a small model with real fill-in-the-middle tokens."""
+    return _pull_into_test_cache("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
 def smollm2_q2k_path(smollm2_path) -> Path:
     """The test model requantized to Q2_K by llama.cpp: a draft that really disagrees at times."""
     from localspec.engine.backend import quantize

@@ -1,0 +1,114 @@
+"""The FastAPI app: the dialects' routers over one scheduler, behind the local-only guards."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from localspec import __version__
+from localspec.server import llamacpp, native, ollama, openai
+from localspec.server.common import ApiError, Served, compact
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+OPEN_PATHS = {"/health", "/metrics"}
+
+
+def create_server_app(served: Served, *, api_key: str | None = None, any_host: bool = False) -> FastAPI:
+    """`any_host`: accept any Host header (only when bound beyond loopback, where the API key is required)."""
+    app = FastAPI(title="localspec", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.served = served
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        # DNS rebinding: a web page can point its own domain at 127.0.0.1, but it cannot fake the Host header.
+        host = _hostname(request.headers.get("host", "localhost"))
+        if not any_host and host not in LOCAL_HOSTS:
+            return _error(request, 403, f"Host '{host}' is not local; localspec only answers localhost.",
+                          "forbidden_error")
+        origin = request.headers.get("origin")
+        if origin and not any_host and not _local_origin(origin):
+            return _error(request, 403, f"Cross-origin requests from {origin} are refused.", "forbidden_error")
+        if api_key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), api_key.encode()):
+                return _error(request, 401, "Missing or wrong API key (send Authorization: Bearer KEY).",
+                              "authentication_error")
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return _error(request, exc.status, exc.message, exc.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _error(request, 400, _describe(exc), "invalid_request_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        message = "Not found: " + request.url.path if exc.status_code == 404 else str(exc.detail)
+        return _error(request, exc.status_code, message,
+                      "not_found_error" if exc.status_code == 404 else "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception):
+        return _error(request, 500, f"Internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    @app.get("/metrics")
+    def metrics():
+        return PlainTextResponse(served.scheduler.prometheus(served.name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/")
+    def root():
+        return {"name": "localspec", "version": __version__, "model": served.name}
+
+    for module in (llamacpp, openai, ollama, native):
+        app.include_router(module.router(served))
+    return app
+
+
+def _hostname(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _local_origin(origin: str) -> bool:
+    parts = urlsplit(origin)
+    if parts.scheme.startswith("vscode"):  # VS Code webviews
+        return True
+    return (parts.hostname or "") in LOCAL_HOSTS
+
+
+def _describe(exc: RequestValidationError) -> str:
+    problems = []
+    for err in exc.errors()[:3]:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if err.get("type") == "json_invalid":
+            return f"Malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
+        if err.get("type") == "missing":
+            problems.append(f"'{'.'.join(loc)}' is required")
+        elif err.get("type") == "model_attributes_type" or not loc:
+            problems.append(f"the body must be a JSON object ({err.get('msg')})")
+        else:
+            problems.append(f"'{'.'.join(loc)}': {err.get('msg')}")
+    return "Invalid request: " + "; ".join(problems) + "."
+
+
+def _error(request: Request, status: int, message: str, kind: str) -> Response:
+    path = request.url.path
+    if path.startswith("/v1/"):
+        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    elif path.startswith("/api/"):
+        body = {"error": message}
+    else:
+        body = {"error": {"code": status, "message": message, "type": kind}}
+    return Response(compact(body), status_code=status, media_type="application/json")

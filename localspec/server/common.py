@@ -1,0 +1,203 @@
+"""What the dialects share: errors, request fields, the served model's names, FIM prompts, streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.sampling import SamplingSettings
+from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.server.scheduler import Job, Scheduler
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+class Loose(BaseModel):
+    """Requests carry many fields we do not use (llama.cpp's `samplers`, `cache_prompt`, …): accept them."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class SamplingFields(Loose):
+    temperature: float | None = Field(None, ge=0, le=5)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    repeat_penalty: float | None = Field(None, gt=0)
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    drafter: str | None = None           # localspec: auto | model | ngram | none
+    draft_len: int | None = Field(None, ge=0, le=32)
+
+
+def compact(obj: Any) -> bytes:
+    """llama.vim matches `"content"\\s*:"`: no spaces after separators."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class Served:
+    """The loaded engine and the names clients may call it by."""
+
+    engine: Any
+    scheduler: Scheduler
+    name: str
+    aliases: frozenset[str]
+    size: int = 0
+    family: str = ""
+    quantization: str = ""
+    created: int = 0
+
+    def check_model(self, requested: str | None) -> None:
+        if not requested:
+            return
+        base = requested[:-len(":latest")] if requested.endswith(":latest") else requested
+        if requested not in self.aliases and base not in self.aliases:
+            raise ApiError(404, f"Unknown model '{requested}'. This server runs '{self.name}' "
+                                f"(also answers to: {', '.join(sorted(self.aliases - {self.name}))}).",
+                           "not_found_error")
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def vocab(self):
+        return self.engine.target.vocab
+
+    def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None) -> SamplingSettings:
+        d = SamplingSettings()
+        return SamplingSettings(
+            temperature=default_temperature if f.temperature is None else f.temperature,
+            top_k=d.top_k if f.top_k is None else f.top_k,
+            top_p=d.top_p if f.top_p is None else f.top_p,
+            min_p=d.min_p if f.min_p is None else f.min_p,
+            repeat_penalty=d.repeat_penalty if f.repeat_penalty is None else f.repeat_penalty,
+            seed=f.seed if f.seed is not None else seed,
+        )
+
+    def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
+            endpoint: str, seed: int | None = None) -> Job:
+        if not tokens:
+            raise ApiError(400, "The prompt is empty.")
+        room = self.n_ctx - len(tokens)
+        if room <= 0:
+            raise ApiError(400, f"The prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                                "shorten it (or restart the server with a larger --ctx).",
+                           "exceed_context_size_error")
+        if max_tokens is None or max_tokens < 0:
+            max_tokens = room
+        stops = [f.stop] if isinstance(f.stop, str) else list(f.stop or [])
+        if f.drafter is not None and f.drafter not in ("auto", "model", "ngram", "none"):
+            raise ApiError(400, f"drafter must be one of auto, model, ngram, none (got '{f.drafter}').")
+        return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
+                   sampling=self.sampling(f, default_temperature, seed), stop=tuple(s for s in stops if s),
+                   drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)
+
+    async def start(self, job: Job) -> tuple[Prefill, AsyncIterator]:
+        """Queue the job and wait for its prefill, so a bad request fails before any response is sent."""
+        events = self.scheduler.generate(job)
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            raise ApiError(503, "The server is shutting down.", "unavailable_error") from None
+        except ContextOverflowError as exc:
+            raise ApiError(400, str(exc), "exceed_context_size_error") from None
+        except LocalspecError as exc:
+            raise ApiError(400, str(exc)) from None
+        except RuntimeError as exc:
+            raise ApiError(500, str(exc), "server_error") from None
+        return first, events
+
+
+async def guard_disconnect(request, job: Job, interval: float = 0.1) -> None:
+    """For non-streaming requests: cancel the generation once the client is gone."""
+    while not job.cancel.is_set():
+        if await request.is_disconnected():
+            job.cancel.set()
+            return
+        await asyncio.sleep(interval)
+
+
+async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Summary:
+    """Run a generation to its summary (non-streaming), cancelling it if the client disconnects."""
+    watcher = asyncio.create_task(guard_disconnect(request, job))
+    try:
+        summary = None
+        async for event in events:
+            if isinstance(event, Round) and on_round is not None:
+                on_round(event)
+            elif isinstance(event, Summary):
+                summary = event
+        if summary is None:
+            raise ApiError(500, "The generation ended without a result.", "server_error")
+        return summary
+    except LocalspecError as exc:
+        raise ApiError(400, str(exc)) from None
+    except RuntimeError as exc:
+        raise ApiError(500, str(exc), "server_error") from None
+    finally:
+        watcher.cancel()
+
+
+def speculation(summary: Summary) -> dict:
+    """localspec's statistics, in a key clients ignore."""
+    return {
+        "drafter": summary.drafter,
+        "drafted": summary.drafted,
+        "accepted": summary.accepted,
+        "acceptance_rate": round(summary.acceptance_rate, 4),
+        "mean_accepted_per_round": round(summary.mean_accepted_per_round, 3),
+        "rounds": summary.rounds,
+        "tokens_per_s": round(summary.tokens_per_s, 3),
+        "baseline_tokens_per_s": round(summary.baseline_tokens_per_s, 3),
+        "speedup": round(summary.speedup, 3),
+        "acceptance_by_position": [round(x, 4) for x in summary.acceptance_by_position],
+    }
+
+
+# ----------------------------------------------------------------------------- fill-in-the-middle
+
+
+def fim_tokens(served: Served, prefix: str, suffix: str, extra: list[tuple[str, str]], prompt: str = "",
+               n_predict: int = 128) -> list[int]:
+    """llama.cpp's infill prompt: [BOS] extra FIM_PRE prefix+prompt FIM_SUF suffix FIM_MID.
+
+    The budget keeps the tail of the prefix and the head of the suffix; the extra context (other files)
+    gets what is left.
+    """
+    v = served.vocab
+    if v.fim_pre < 0 or v.fim_suf < 0 or v.fim_mid < 0:
+        raise ApiError(400, "Infill is not supported by this model: it has no FIM tokens "
+                            "(use a code model such as Qwen2.5-Coder).", "not_supported_error")
+    pre = v.tokenize(prefix + prompt, add_special=False, parse_special=False)
+    suf = v.tokenize(suffix, add_special=False, parse_special=False)
+    budget = served.n_ctx - max(n_predict, 16) - 4
+    keep_suf = min(len(suf), budget // 4)
+    keep_pre = min(len(pre), budget - keep_suf)
+    pre, suf = pre[len(pre) - keep_pre:], suf[:keep_suf]
+    extra_tokens: list[int] = []
+    if extra:
+        if v.fim_rep >= 0 and v.fim_sep >= 0:
+            extra_tokens = [v.fim_rep] + v.tokenize("myproject\n", add_special=False)
+            for filename, text in extra:
+                extra_tokens += [v.fim_sep] + v.tokenize(f"{filename}\n{text}", add_special=False)
+            extra_tokens += [v.fim_sep] + v.tokenize("filename\n", add_special=False)
+        else:
+            for filename, text in extra:
+                extra_tokens += v.tokenize(f"--- {filename} ---\n{text}\n", add_special=False)
+        room = budget - len(pre) - len(suf)
+        extra_tokens = extra_tokens[max(0, len(extra_tokens) - max(room, 0)):] if room > 0 else []
+    head = [v.bos] if v.add_bos and v.bos >= 0 else []
+    return head + extra_tokens + [v.fim_pre] + pre + [v.fim_suf] + suf + [v.fim_mid]

@@ -1,0 +1,168 @@
+"""The OpenAI dialect (the openai SDK, Continue, llama.vscode chat): chat and legacy completions, models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import Field
+
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, collect, compact, fim_tokens,
+                                     speculation)
+
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's
+
+
+class StreamOptions(Loose):
+    include_usage: bool = False
+
+
+class ChatMessage(Loose):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] | None = None
+
+
+class ChatRequest(SamplingFields):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n_predict: int | None = Field(None, ge=-1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)
+
+
+class CompletionRequest(SamplingFields):
+    model: str | None = None
+    prompt: str | list[str]
+    suffix: str | None = None
+    max_tokens: int | None = Field(16, ge=0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    n: int = Field(1, ge=1, le=1)
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") == "text":
+            parts.append(str(part.get("text", "")))
+        else:
+            raise ApiError(400, f"Message parts of type '{part.get('type')}' are not supported; send text.")
+    return "".join(parts)
+
+
+def router(served: Served) -> APIRouter:
+    api = APIRouter(prefix="/v1")
+
+    @api.get("/models")
+    def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
+                                            "owned_by": "localspec"}]}
+
+    @api.post("/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        served.check_model(body.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+                    for m in body.messages]
+        try:
+            tokens = served.engine.chat_tokens(messages)
+        except Exception as exc:
+            raise ApiError(400, str(exc)) from None
+        limit = body.max_completion_tokens or body.max_tokens or body.n_predict
+        job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat")
+        prefill, events = await served.start(job)
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(served, events, prefill, ident, created, "chat.completion.chunk", usage, chat=True)
+        summary = await collect(request, job, events)
+        return JSONResponse({
+            "id": ident, "object": "chat.completion", "created": created, "model": served.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": summary.text},
+                         "logprobs": None, "finish_reason": _finish(summary)}],
+            "usage": _usage(prefill, summary),
+            "localspec": speculation(summary),
+        })
+
+    @api.post("/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        served.check_model(body.model)
+        if isinstance(body.prompt, list):
+            if len(body.prompt) != 1:
+                raise ApiError(400, "Send one prompt per request (a list of several is not supported).")
+            prompt = body.prompt[0]
+        else:
+            prompt = body.prompt
+        if body.suffix is not None:
+            tokens = fim_tokens(served, prompt, body.suffix, [], n_predict=body.max_tokens or 16)
+        else:
+            tokens = served.vocab.tokenize(prompt, add_special=True, parse_special=False)
+        job = served.job(tokens, max(1, body.max_tokens or 16), body, DEFAULT_TEMPERATURE, "completions")
+        prefill, events = await served.start(job)
+        ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(served, events, prefill, ident, created, "text_completion", usage, chat=False)
+        summary = await collect(request, job, events)
+        text = (prompt if body.echo else "") + summary.text
+        return JSONResponse({
+            "id": ident, "object": "text_completion", "created": created, "model": served.name,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(summary)}],
+            "usage": _usage(prefill, summary),
+            "localspec": speculation(summary),
+        })
+
+    return api
+
+
+def _finish(summary: Summary) -> str:
+    return "length" if summary.stop_reason in ("length", "context") else "stop"
+
+
+def _usage(prefill: Prefill, summary: Summary) -> dict:
+    return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": summary.generated_tokens,
+            "total_tokens": prefill.prompt_tokens + summary.generated_tokens}
+
+
+def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kind: str, usage: bool,
+         chat: bool) -> StreamingResponse:
+    def chunk(choices: list, **extra) -> bytes:
+        return b"data: " + compact({"id": ident, "object": kind, "created": created, "model": served.name,
+                                    "choices": choices, **extra}) + b"\n\n"
+
+    def choice(text: str | None, finish: str | None) -> dict:
+        if chat:
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    async def body():
+        try:
+            if chat:
+                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+            async for event in events:
+                if isinstance(event, Round) and event.text:
+                    yield chunk([choice(event.text, None)])
+                elif isinstance(event, Summary):
+                    yield chunk([choice(None, _finish(event))], localspec=speculation(event))
+                    if usage:
+                        yield chunk([], usage=_usage(prefill, event))
+            yield b"data: [DONE]\n\n"
+        except ApiError as exc:
+            yield b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n"
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream")

@@ -1,0 +1,224 @@
+"""One thread owns the engine; requests wait their turn in arrival order.
+
+A request's events cross from that thread to the event loop through an asyncio queue. A client that
+goes away sets the request's cancel event, which the engine checks between rounds, so the engine is
+free again within one round. Consecutive requests that share a prompt prefix (an editor completing
+in one file, a chat's next turn) reuse the engine's KV cache for that prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.errors import LocalspecError
+
+
+@dataclass
+class Job:
+    tokens: list[int]
+    max_tokens: int
+    sampling: object
+    stop: tuple[str, ...] = ()
+    drafter: str | None = None
+    draft_len: int | None | str = "default"
+    endpoint: str = ""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue | None = None
+
+
+class _Failed:
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+_END = object()
+
+
+@dataclass
+class Metrics:
+    requests: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    generated_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    generation_seconds: float = 0.0
+    last_tokens_per_s: float = 0.0
+    last_speedup: float = 0.0
+
+    def count(self, summary: Summary, prefill: Prefill | None) -> None:
+        self.generated_tokens += summary.generated_tokens
+        self.drafted_tokens += summary.drafted
+        self.accepted_tokens += summary.accepted
+        self.rounds += summary.rounds
+        self.generation_seconds += summary.wall_s
+        self.last_tokens_per_s = summary.tokens_per_s
+        self.last_speedup = summary.speedup
+        if summary.stop_reason == "cancelled":
+            self.cancelled += 1
+        if prefill:
+            self.prompt_tokens += prefill.prompt_tokens
+            self.prompt_tokens_cached += prefill.cached
+
+
+class Scheduler:
+    def __init__(self, engine):
+        self.engine = engine
+        self.metrics = Metrics()
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._busy = False
+        self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize() + int(self._busy)
+
+    async def generate(self, job: Job) -> AsyncIterator[Prefill | Round | Summary]:
+        """Events of one request. Raises LocalspecError (bad request) before the first event.
+
+        Closing the iterator early (a client that disconnected) cancels the generation.
+        """
+        job.loop = asyncio.get_running_loop()
+        job.events = asyncio.Queue()
+        self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
+        self._queue.put(job)
+        finished = False
+        try:
+            while True:
+                item = await job.events.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, _Failed):
+                    finished = True
+                    raise item.error
+                yield item
+        finally:
+            if not finished:
+                job.cancel.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking work, let the running generation end, then free the models."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.engine.close()
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self._busy = True
+            try:
+                self._run(job)
+            finally:
+                self._busy = False
+
+    def _run(self, job: Job) -> None:
+        def send(item) -> None:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, item)
+
+        if job.cancel.is_set():  # the client left while waiting in the queue
+            send(_END)
+            return
+        prefill = None
+        try:
+            events = self.engine.generate(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
+                                          drafter=job.drafter, draft_len=job.draft_len, stop=job.stop,
+                                          cancel=job.cancel)
+            for event in events:
+                if isinstance(event, Prefill):
+                    prefill = event
+                elif isinstance(event, Summary):
+                    self.metrics.count(event, prefill)
+                send(event)
+        except LocalspecError as exc:
+            self.metrics.errors += 1
+            send(_Failed(exc))
+        except Exception as exc:  # keep serving after an engine failure; the client gets a 500
+            self.metrics.errors += 1
+            send(_Failed(RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
+        finally:
+            send(_END)
+
+    def prometheus(self, model: str) -> str:
+        m = self.metrics
+        label = f'model="{model}"'
+        lines = [
+            "# HELP localspec_requests_total Requests by endpoint.",
+            "# TYPE localspec_requests_total counter",
+            *[f'localspec_requests_total{{{label},endpoint="{e}"}} {n}' for e, n in sorted(m.requests.items())],
+        ]
+
+        def metric(name: str, kind: str, help_: str, value) -> None:
+            lines.extend([f"# HELP localspec_{name} {help_}", f"# TYPE localspec_{name} {kind}",
+                          f"localspec_{name}{{{label}}} {value}"])
+
+        metric("errors_total", "counter", "Generations that failed.", m.errors)
+        metric("cancelled_total", "counter", "Generations cancelled (client gone, limits).", m.cancelled)
+        metric("prompt_tokens_total", "counter", "Prompt tokens received.", m.prompt_tokens)
+        metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from the KV cache.", m.prompt_tokens_cached)
+        metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens)
+        metric("drafted_tokens_total", "counter", "Draft tokens proposed.", m.drafted_tokens)
+        metric("accepted_tokens_total", "counter", "Draft tokens the target accepted.", m.accepted_tokens)
+        metric("rounds_total", "counter", "Draft/verify rounds.", m.rounds)
+        metric("generation_seconds_total", "counter", "Time spent generating.", round(m.generation_seconds, 6))
+        metric("tokens_per_second", "gauge", "Throughput of the last generation.", round(m.last_tokens_per_s, 3))
+        metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
+        metric("queue_depth", "gauge", "Requests running or waiting.", self.waiting)
+        return "\n".join(lines) + "\n"
+
+
+def stop_type(summary: Summary, limited: bool) -> str:
+    """llama.cpp's names for why a generation ended."""
+    if limited:
+        return "limit"
+    return {"eog": "eos", "stop": "word", "length": "limit"}.get(summary.stop_reason, "limit")
+
+
+class Limits:
+    """llama.cpp's editor limits on a completion: `n_indent` and `t_max_predict_ms`.
+
+    n_indent: once a line starts with less indentation than this, the completion ends before it.
+    t_max_predict_ms: after this long (from the first token) and once a newline was produced, end.
+    """
+
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: int | None = None):
+        self.n_indent = n_indent
+        self.t_max = t_max_predict_ms / 1000 if t_max_predict_ms else None
+        self.text = ""
+        self.hit = False
+        self._started: float | None = None
+
+    def feed(self, piece: str) -> str:
+        """The part of `piece` to emit; sets `hit` when the completion must end."""
+        if self.hit or not piece:
+            return ""
+        if self._started is None:
+            self._started = time.perf_counter()
+        before = len(self.text)
+        self.text += piece
+        if self.n_indent > 0:
+            offset = 0
+            for i, line in enumerate(self.text.split("\n")):
+                stripped = line.lstrip(" \t")
+                if i > 0 and stripped and len(line) - len(stripped) < self.n_indent:
+                    self.hit = True
+                    self.text = self.text[:offset]
+                    return self.text[before:] if len(self.text) > before else ""
+                offset += len(line) + 1
+        if self.t_max and "\n" in self.text and time.perf_counter() - self._started > self.t_max:
+            self.hit = True
+        return self.text[before:]

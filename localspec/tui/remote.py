@@ -1,0 +1,148 @@
+"""`localspec chat --connect`: the chat app on a running `localspec serve`, over its Unix socket.
+
+One copy of the models serves the editor and the chat. The server's native stream carries the same
+events the in-process engine yields, so the app cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from localspec.engine.events import Prefill, Round, Summary, Tally
+from localspec.errors import LocalspecError
+from localspec.tui.provider import Choice
+
+
+def _event(data: dict):
+    kind = data.pop("type", None)
+    if kind == "prefill":
+        return Prefill(**data)
+    if kind == "round":
+        data["accepted"], data["rejected"] = tuple(data["accepted"]), tuple(data["rejected"])
+        return Round(**data)
+    if kind == "summary":
+        data["acceptance_by_position"] = tuple(data["acceptance_by_position"])
+        data["drafted_by_position"] = tuple(data["drafted_by_position"])
+        return Summary(**data)
+    if kind == "error":
+        raise LocalspecError(data.get("message", "The server reported an error."))
+    return None
+
+
+class _Cost:
+    def __init__(self, tokens_per_s: float):
+        self.plain_tokens_per_s = tokens_per_s
+
+
+class RemoteEngine:
+    def __init__(self, client, info: dict):
+        self.client = client
+        self.info = info
+        self.n_ctx = info["n_ctx"]
+        self.draft = "remote draft" if info.get("has_draft") else None
+        self.cost = _Cost(info.get("baseline_tokens_per_s", 0.0))
+
+    def chat(self, messages, *, cancel: threading.Event, max_tokens=512, sampling=None, drafter=None, draft_len=None):
+        body = {"messages": list(messages), "max_tokens": max_tokens, "drafter": drafter, "draft_len": draft_len}
+        if sampling is not None:
+            body |= {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                     "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty, "seed": sampling.seed}
+        return self._events(body, cancel)
+
+    def _events(self, body: dict, cancel: threading.Event):
+        import httpx
+
+        tally, prefill, text, t0 = Tally(), None, "", time.perf_counter()
+        try:
+            with self.client.stream("POST", "/localspec/v1/generate", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise LocalspecError(_message(response))
+                for line in response.iter_lines():
+                    if not line:
+                        continue
+                    event = _event(json.loads(line))
+                    if isinstance(event, Prefill):
+                        prefill = event
+                    elif isinstance(event, Round):
+                        tally.add(event)
+                        text += event.text
+                    if event is not None:
+                        yield event
+                    if isinstance(event, Summary):
+                        return
+                    if cancel.is_set():
+                        break  # closing the stream is how the server learns to stop
+        except httpx.HTTPError as exc:
+            raise LocalspecError(f"Lost the server: {exc}") from None
+        # Cancelled here: the server never sent its summary, so make one from what arrived.
+        yield tally.summary(text=text, stop_reason="cancelled", prefill=prefill or Prefill(0, 0, 0, 0.0),
+                            wall_s=time.perf_counter() - t0, baseline_tokens_per_s=self.cost.plain_tokens_per_s,
+                            drafter=str(body.get("drafter") or "auto"))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _message(response) -> str:
+    try:
+        err = response.json().get("error")
+        return err.get("message") if isinstance(err, dict) else str(err)
+    except ValueError:
+        return f"The server answered {response.status_code}."
+
+
+class RemoteProvider:
+    """One choice: whatever the server runs."""
+
+    def __init__(self, socket_path: str | Path | None = None):
+        from localspec.server.run import default_socket
+
+        self.socket = Path(socket_path) if socket_path else default_socket()
+
+    def _client(self):
+        import httpx
+
+        if not self.socket.exists():
+            raise LocalspecError(f"No server socket at {self.socket}. Start one with `localspec serve`, "
+                                 "or name its socket with --socket.")
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://localhost",
+                            timeout=httpx.Timeout(10.0, read=None))
+
+    def _info(self) -> dict:
+        import httpx
+
+        with self._client() as client:
+            try:
+                return client.get("/localspec/v1/info").json()
+            except httpx.HTTPError as exc:
+                raise LocalspecError(f"The server at {self.socket} does not answer: {exc}") from None
+
+    def choices(self) -> list[Choice]:
+        try:
+            info = self._info()
+        except LocalspecError:
+            return []
+        return [Choice(info["model"], "pair" if info.get("has_draft") else "model", "served by localspec serve",
+                       None, True, default=True)]
+
+    def default_id(self) -> str:
+        return self._info()["model"]
+
+    def is_ready(self, entry_id: str) -> bool:
+        return True
+
+    def pull(self, entry_id, say) -> None:
+        raise LocalspecError("Connected to a server: pull models where the server runs.")
+
+    def pull_progress(self, entry_id):
+        return (0, None)
+
+    def load(self, entry_id: str):
+        info = self._info()
+        if entry_id and entry_id != info["model"]:
+            raise LocalspecError(f"The server runs '{info['model']}', not '{entry_id}'.")
+        return RemoteEngine(self._client(), info)

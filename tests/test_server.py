@@ -1,0 +1,305 @@
+"""`localspec serve` for real: uvicorn on loopback and a Unix socket, the real engine, real clients."""
+
+import json
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localspec.engine.api import load
+from localspec.server.run import served_for, start_in_thread
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    engine = load(str(smollm2_path), n_ctx=512, calibrate=False)
+    folder = Path(tempfile.mkdtemp(prefix="ls"))  # short: Unix socket paths are limited to ~100 bytes
+    running = start_in_thread(served_for(engine, str(smollm2_path)), socket_path=folder / "s.sock")
+    yield running
+    running.stop()
+    running.served.scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def fim_server(qwen_coder_path):
+    engine = load(str(qwen_coder_path), n_ctx=1024, calibrate=False)
+    running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct"))
+    yield running
+    running.stop()
+    running.served.scheduler.close()
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, json=body, timeout=120, **kw)
+
+
+# ----------------------------------------------------------------------------- OpenAI
+
+
+def test_openai_sdk_streams_a_chat_completion_with_usage(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Count from 1 to 5."}], max_tokens=12, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text and finishes in (["length"], ["stop"])
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens >= 1 and usage.prompt_tokens > 5
+
+
+def test_openai_sdk_non_streaming_chat_carries_speculation_stats(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(model="localspec", messages=[{"role": "user", "content": "Say hi"}],
+                                           max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content
+    extra = reply.model_extra["localspec"]
+    assert {"drafted", "accepted", "speedup", "baseline_tokens_per_s"} <= set(extra)
+
+
+def test_openai_legacy_completion_with_suffix_is_fim(fim_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=fim_server.url + "/v1", api_key="unused")
+    stream = client.completions.create(model="qwen2.5-coder-0.5b-instruct", prompt="def add(a, b):\n    return ",
+                                       suffix="\n\nprint(add(1, 2))\n", max_tokens=8, temperature=0, stream=True)
+    text = "".join(c.choices[0].text for c in stream)
+    assert "a" in text and "b" in text
+
+
+# ----------------------------------------------------------------------------- llama.cpp (llama.vim, llama.vscode)
+
+
+def test_llama_vim_infill_body_gets_compact_flat_fields(fim_server):
+    body = {
+        "input_prefix": "def fib(n):\n", "input_suffix": "\n", "input_extra": [
+            {"filename": "util.py", "text": "def helper():\n    pass\n", "time": 123}, {"text": "no name"}],
+        "prompt": "    if n < 2:", "n_predict": 16, "n_indent": 4, "top_k": 40, "top_p": 0.99, "stream": False,
+        "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 1000, "response_fields": ["content", "timings/prompt_n", "timings/predicted_n",
+                                                      "timings/predicted_ms", "tokens_cached", "truncated", "nope/x"],
+    }
+    r = post(fim_server, "/infill", body)
+    assert r.status_code == 200, r.text
+    assert '"content":"' in r.text  # llama.vim's regex: no space after the colon
+    data = r.json()
+    assert set(data) == {"content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                         "tokens_cached", "truncated"}
+    assert data["timings/predicted_n"] >= 1
+
+
+def test_warm_up_with_empty_response_fields_answers_empty_object(fim_server):
+    r = post(fim_server, "/infill", {"input_prefix": "x = ", "input_suffix": "", "n_predict": 0,
+                                     "response_fields": [""]})
+    assert r.status_code == 200 and r.text == "{}"
+
+
+def test_repeated_infill_reuses_the_cached_prefix(fim_server):
+    prefix = "import os\n\n" + "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(20))
+    body = {"input_prefix": prefix, "input_suffix": "", "n_predict": 4, "temperature": 0}
+    first = post(fim_server, "/infill", body).json()
+    body["input_prefix"] = prefix + "def g"
+    second = post(fim_server, "/infill", body).json()
+    assert second["tokens_cached"] > first["tokens_evaluated"] * 0.8
+
+
+def test_llama_vscode_completion_fields_and_n_cmpl(fim_server):
+    body = {"input_prefix": "for i in range(", "input_suffix": "):\n    pass\n", "input_extra": [], "prompt": "",
+            "n_predict": 6, "temperature": 0, "n_cmpl": 2, "stream": False}
+    r = post(fim_server, "/infill", body)
+    data = r.json()
+    assert isinstance(data, list) and len(data) == 2
+    assert {"content", "tokens_predicted", "tokens_evaluated", "timings", "stop_type"} <= set(data[0])
+    health = httpx.get(fim_server.url + "/health").json()
+    props = httpx.get(fim_server.url + "/props").json()
+    assert health == {"status": "ok"} and props["default_generation_settings"]["n_ctx"] == 1024
+
+
+def test_infill_without_fim_tokens_is_refused_clearly(server):
+    r = post(server, "/infill", {"input_prefix": "a", "input_suffix": "b"})
+    assert r.status_code == 400 and "Infill is not supported" in r.json()["error"]["message"]
+
+
+def test_completion_stream_has_data_lines_and_no_done(server):
+    with httpx.stream("POST", server.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 8,
+                                                                "stream": True}, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: {") for line in lines)
+    final = json.loads(lines[-1][6:])
+    assert final["stop"] is True and final["timings"]["predicted_n"] >= 1 and "[DONE]" not in "".join(lines)
+
+
+# ----------------------------------------------------------------------------- Ollama (Continue)
+
+
+def test_ollama_chat_streams_ndjson_lines_each_terminated(server):
+    with httpx.stream("POST", server.url + "/api/chat", json={
+            "model": server.served.name, "messages": [{"role": "user", "content": "Hello"}],
+            "options": {"num_predict": 6, "temperature": 0}}, timeout=60) as r:
+        raw = b"".join(r.iter_bytes())
+    assert raw.endswith(b"\n")
+    lines = [json.loads(x) for x in raw.decode().splitlines()]
+    assert all("message" in x for x in lines) and lines[-1]["done"] is True and lines[-1]["eval_count"] >= 1
+    assert "localspec" in lines[-1]
+
+
+def test_ollama_tags_show_version_and_generate(server):
+    tags = httpx.get(server.url + "/api/tags").json()
+    name = tags["models"][0]["name"]
+    assert name.endswith(":latest")
+    show = post(server, "/api/show", {"name": name}).json()
+    assert "num_ctx 512" in show["parameters"] and ".Suffix" not in show["template"]
+    assert httpx.get(server.url + "/api/version").json()["version"]
+    gen = post(server, "/api/generate", {"model": name, "prompt": "Why is the sky blue?", "stream": False,
+                                         "options": {"num_predict": 5}}).json()
+    assert gen["done"] is True and gen["response"] and gen["eval_count"] >= 1
+
+
+# ----------------------------------------------------------------------------- native stream, metrics, socket
+
+
+def test_native_event_stream_and_metrics_over_the_unix_socket(server):
+    mode = stat.S_IMODE(os.stat(server.socket).st_mode)
+    assert mode == 0o600
+    transport = httpx.HTTPTransport(uds=str(server.socket))
+    with httpx.Client(transport=transport, base_url="http://localhost", timeout=60) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        with client.stream("POST", "/localspec/v1/generate", json={
+                "messages": [{"role": "user", "content": "List three colors, then list them again."}],
+                "max_tokens": 24, "drafter": "ngram"}) as r:
+            events = [json.loads(line) for line in r.iter_lines() if line]
+        assert events[0]["type"] == "prefill" and events[-1]["type"] == "summary"
+        rounds = [e for e in events if e["type"] == "round"]
+        assert sum(len(e["accepted"]) + (e["token"] is not None) for e in rounds) == events[-1]["generated_tokens"]
+        metrics = client.get("/metrics").text
+    assert 'localspec_requests_total{model=' in metrics and "localspec_generated_tokens_total" in metrics
+
+
+# ----------------------------------------------------------------------------- concurrency and disconnects
+
+
+def test_concurrent_clients_all_complete(server):
+    results = []
+
+    def one(i):
+        r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Number {i}?"}],
+                                                  "max_tokens": 6})
+        results.append(r.status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [200] * 4
+
+
+def test_a_client_that_disconnects_frees_the_engine_for_the_next(server):
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+    body = json.dumps({"prompt": "Write a very long story.", "n_predict": 400, "stream": True}).encode()
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert sock.recv(200).startswith(b"HTTP/1.1 200")
+    sock.close()
+    t0 = time.monotonic()
+    r = post(server, "/completion", {"prompt": "Hi", "n_predict": 2})
+    assert r.status_code == 200
+    assert r.json()["tokens_predicted"] >= 1
+    before = server.served.scheduler.metrics.cancelled
+    assert before >= 1  # the abandoned generation was cancelled, not run to 400 tokens
+    assert time.monotonic() - t0 < 60
+
+
+# ----------------------------------------------------------------------------- bad input and security
+
+
+@pytest.mark.parametrize("path,body,needle", [
+    ("/completion", b"{not json", "Malformed JSON"),
+    ("/completion", {"prompt": "x", "temperature": "hot"}, "'temperature'"),
+    ("/completion", {"n_predict": 4}, "'prompt' is required"),
+    ("/completion", {"prompt": "x", "n_predict": -7}, "'n_predict'"),
+    ("/infill", {"input_suffix": "x"}, "'input_prefix' is required"),
+    ("/completion", {"prompt": "word " * 600}, "context"),
+    ("/completion", [1, 2, 3], "JSON object"),
+])
+def test_llama_dialect_bad_input_gets_400_envelopes(server, path, body, needle):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == 400 and needle in err["message"], err
+
+
+def test_openai_and_ollama_error_envelopes(server):
+    r = post(server, "/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "Unknown model 'gpt-4'" in r.json()["error"]["message"]
+    r = post(server, "/v1/chat/completions", {"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = post(server, "/api/chat", {"model": "llama3", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "Unknown model" in r.json()["error"]
+    r = post(server, "/api/generate", {"prompt": "x"})
+    assert r.status_code == 400 and "'model' is required" in r.json()["error"]
+    assert httpx.get(server.url + "/health").status_code == 200  # still serving
+
+
+def test_foreign_host_and_origin_are_refused(server):
+    r = httpx.get(server.url + "/health", headers={"Host": "evil.example.com"})
+    assert r.status_code == 403 and "not local" in r.text
+    r = httpx.post(server.url + "/completion", json={"prompt": "x", "n_predict": 1},
+                   headers={"Origin": "https://evil.example.com"})
+    assert r.status_code == 403
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+    ok = httpx.get(server.url + "/health", headers={"Host": "localhost:1234"})
+    assert ok.status_code == 200
+
+
+def test_api_key_is_required_when_configured(smollm2_path, server):
+    running = start_in_thread(server.served, api_key="s3cret")
+    try:
+        assert httpx.get(running.url + "/health").status_code == 200
+        r = httpx.get(running.url + "/v1/models")
+        assert r.status_code == 401
+        r = httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+    finally:
+        running.stop()
+
+
+# ----------------------------------------------------------------------------- chat --connect
+
+
+@pytest.mark.anyio
+async def test_chat_connect_streams_from_the_server_over_its_socket(server):
+    from localspec.config import ChatSettings, UserConfig
+    from localspec.tui.app import create_app
+    from localspec.tui.remote import RemoteProvider
+
+    app = create_app(provider=RemoteProvider(server.socket), config=UserConfig(chat=ChatSettings(max_tokens=16)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 30
+        while app.engine is None:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        assert app.engine_id == server.served.name
+        app.prompt.load_text("Say hello")
+        await pilot.press("enter")
+        while not app.history.messages(app.conversation.id)[1:] or app.generating:
+            assert time.monotonic() < deadline + 60
+            await pilot.pause(0.05)
+        answer = app.history.messages(app.conversation.id)[-1]
+        assert answer.status == "complete" and answer.stats["generated_tokens"] >= 1 and answer.content
