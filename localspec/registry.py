@@ -64,6 +64,9 @@ class Registry:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(tmp, self.file)
 
+    def ids(self) -> list[str]:
+        return list(self._load())
+
     def get(self, model_id: str) -> Record | None:
         entry = self._load().get(model_id)
         if not entry:

@@ -27,7 +27,7 @@ from localspec.errors import ContextOverflowError, LocalspecError
 
 @dataclass(frozen=True)
 class EngineOptions:
-    drafter: str = "auto"            # auto | model | ngram | none
+    drafter: str = "auto"            # auto | model | self | ngram | none
     draft_len: int | None = None     # None: adaptive; N: always draft N
     max_draft_len: int = 8
     draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
@@ -39,15 +39,19 @@ class Engine:
     """A target model, an optional draft model, and the loop between them. One generation at a time."""
 
     def __init__(self, target, draft=None, options: EngineOptions | None = None, *, cost: CostModel | None = None,
-                 draft_cost_s: float | None = None, template: ChatTemplate | None = None):
+                 draft_cost_s: float | None = None, template: ChatTemplate | None = None, self_draft=None):
         self.target = target
         self.draft = draft
+        self.self_draft = self_draft
         self.options = options or EngineOptions()
         self.kv = KvSequence(target)
         self.ngram = NgramDrafter()
         self.model_drafter = ModelDrafter(draft, p_min=self.options.draft_p_min) if draft is not None else None
         self.cost = cost or self._calibrated_cost()
         self.draft_cost = DrafterCost(per_token_s=draft_cost_s if draft_cost_s is not None else self._draft_cost())
+        self.self_drafter = (ModelDrafter(self_draft, p_min=self.options.draft_p_min, name="self")
+                             if self_draft is not None else None)
+        self.self_cost = DrafterCost(per_token_s=self._draft_cost(self_draft) if self_draft is not None else 0.0)
         self._template = template
         self._lock = threading.Lock()
 
@@ -56,10 +60,11 @@ class Engine:
     def _calibrated_cost(self) -> CostModel:
         return CostModel(verify_s=adaptive.calibrated_costs(self.target, self.options.calibrate))
 
-    def _draft_cost(self) -> float:
-        if self.draft is None:
+    def _draft_cost(self, model=None) -> float:
+        model = model if model is not None else self.draft
+        if model is None:
             return 0.0
-        costs = adaptive.calibrated_costs(self.draft, self.options.calibrate, sizes=(1,))
+        costs = adaptive.calibrated_costs(model, self.options.calibrate, sizes=(1,))
         return costs[1]
 
     @property
@@ -106,6 +111,9 @@ class Engine:
             raise LocalspecError(f"Unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}.")
         if mode == "model" and self.model_drafter is None:
             raise LocalspecError("The drafter 'model' needs a draft model; this engine has none (try 'ngram').")
+        if mode == "self" and self.self_drafter is None:
+            raise LocalspecError("The drafter 'self' needs a self-draft; build one with `localspec draft make` "
+                                 "and load it (load(..., self_draft=PATH)).")
         fixed = self.options.draft_len if draft_len == "default" else draft_len
         tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
         if not tokens:
@@ -138,6 +146,8 @@ class Engine:
             max_len=self.options.max_draft_len,
             model_cost=self.draft_cost,
             learn_costs=self.options.learn_costs,
+            self_model=self.self_drafter,
+            self_cost=self.self_cost,
         )
         self.ngram.reset()
 
@@ -221,11 +231,12 @@ class Engine:
     def reset(self) -> None:
         """Forget the cached prompt (the next generation evaluates its whole prompt)."""
         self.kv.reset()
-        if self.model_drafter:
-            self.model_drafter.reset()
+        for drafter in (self.model_drafter, self.self_drafter):
+            if drafter is not None:
+                drafter.reset()
 
     def close(self) -> None:
-        for model in (self.draft, self.target):
+        for model in (self.self_draft, self.draft, self.target):
             if model is not None and hasattr(model, "close"):
                 model.close()
 
@@ -250,6 +261,7 @@ def load(
     n_gpu_layers: int | None = None,
     draft_gpu_layers: int | None = None,
     calibrate: bool = True,
+    self_draft: str | Path | None = None,
 ) -> Engine:
     """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id)."""
     from localspec.catalog import PairSpec, load_catalog
@@ -277,8 +289,15 @@ def load(
             if isinstance(entry, PairSpec):
                 raise LocalspecError(f"'{draft}' is a pair; a draft must be one model id or a GGUF path.")
             draft_path = model_path(entry)
-    if drafter in ("none", "ngram"):
+    if drafter in ("none", "ngram", "self"):
         draft_path = None  # do not spend memory on a draft that will not be used
+    if drafter == "self" and self_draft is None:
+        from localspec.selfdraft import find_self_draft
+
+        self_draft = find_self_draft(str(target_path))
+        if self_draft is None:
+            raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
+                                 f"`localspec draft make {id_or_path}`.")
 
     if draft_path is not None:
         from localspec.catalog import check_pair
@@ -292,17 +311,31 @@ def load(
                 f"{draft_path.name} cannot draft for {target_path.name}: {report.first_failure}"
             )
 
+    if self_draft is not None:
+        from localspec.catalog import check_pair
+
+        with VocabFile(target_path) as tv, VocabFile(Path(self_draft)) as sv:
+            report = check_pair(tv.vocab, sv.vocab)
+        if not report.ok:
+            from localspec.errors import IncompatiblePairError
+
+            raise IncompatiblePairError(f"{Path(self_draft).name} is not a self-draft of {target_path.name}: "
+                                        f"{report.first_failure}")
+
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
-    draft_model = None
+    draft_model = self_model = None
     try:
         if draft_path is not None:
             draft_model = Model(draft_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers))
+        if self_draft is not None:
+            self_model = Model(Path(self_draft), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
+                                                              n_gpu_layers=draft_gpu_layers))
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate)
-        return Engine(target, draft_model, options)
+        return Engine(target, draft_model, options, self_draft=self_model)
     except BaseException:
-        target.close()
-        if draft_model is not None:
-            draft_model.close()
+        for model in (target, draft_model, self_model):
+            if model is not None:
+                model.close()
         raise
 
 

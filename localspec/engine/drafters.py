@@ -141,9 +141,8 @@ class ModelDrafter:
     next round's catch-up, so no position is ever run twice.
     """
 
-    name = "model"
-
-    def __init__(self, model, p_min: float = 0.5):
+    def __init__(self, model, p_min: float = 0.5, name: str = "model"):
+        self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
         self.kv = KvSequence(model)
         self.p_min = p_min  # stop drafting when the draft's top probability falls below this
         self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
@@ -201,7 +200,7 @@ class ModelDrafter:
         return Draft(
             tokens=tokens,
             q=np.stack(rows[:len(tokens)]) if rows else None,
-            source="model",
+            source=self.name,
             seconds=seconds,
             # A long catch-up (a new prompt) says nothing about the steady cost per token.
             per_token_s=seconds / decodes if decodes > 0 and caught_up <= 2 else None,

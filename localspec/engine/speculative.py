@@ -21,7 +21,7 @@ from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
 
-DRAFTER_MODES = ("auto", "model", "ngram", "none")
+DRAFTER_MODES = ("auto", "model", "self", "ngram", "none")
 
 
 @dataclass
@@ -114,6 +114,9 @@ class Planner:
     learn_costs: bool = True
     model_cost: DrafterCost = field(default_factory=DrafterCost)
     model_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.7, prior_strength=3.0))
+    self_model: ModelDrafter | None = None      # a draft built from the target's own layers
+    self_cost: DrafterCost = field(default_factory=DrafterCost)
+    self_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.6, prior_strength=3.0))
     ngram_acceptance: dict[str, Acceptance] = field(default_factory=dict)
     _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter/evidence key drafted
     _waited: int = 0            # rounds without a draft worth making since the last probe
@@ -131,12 +134,18 @@ class Planner:
         return self.model is not None and self.mode in ("auto", "model")
 
     @property
+    def uses_self(self) -> bool:
+        return self.self_model is not None and self.mode in ("auto", "self")
+
+    @property
     def uses_ngram(self) -> bool:
         return self.ngram is not None and self.mode in ("auto", "ngram")
 
     def prefill(self, context: list[int]) -> None:
         if self.uses_model and self.model is not None:
             self.model.prepare(context)
+        if self.uses_self and self.self_model is not None:
+            self.self_model.prepare(context)
 
     def draft(self, context: list[int], room: int, sampler: Sampler) -> Draft:
         cap = min(self.fixed_len if self.fixed_len is not None else self.max_len, room)
@@ -158,6 +167,12 @@ class Planner:
             else:
                 k, rate = self._choose("model", cap, self.model_cost.per_token_s)
                 options.append((rate, "model", k, None))
+        if self.uses_self:
+            if self.fixed_len is not None:
+                options.append((0.0 if options else float("inf"), "self", cap, None))
+            else:
+                k, rate = self._choose("self", cap, self.self_cost.per_token_s)
+                options.append((rate, "self", k, None))
 
         for key in self._since_tried:
             self._since_tried[key] += 1
@@ -174,8 +189,9 @@ class Planner:
             proposal.tokens = proposal.tokens[:k]
             self._since_tried[_ngram_key(proposal)] = 0
             return proposal
-        self._since_tried["model"] = 0
-        return self.model.propose(context, k, sampler)  # type: ignore[union-attr]
+        self._since_tried[name] = 0
+        drafter = self.self_model if name == "self" else self.model
+        return drafter.propose(context, k, sampler)  # type: ignore[union-attr]
 
     def _choose(self, key: str, cap: int, per_token_s: float) -> tuple[int, float]:
         return best_length(self._acceptance(key).rates(cap), self.cost, per_token_s)
@@ -191,8 +207,8 @@ class Planner:
             return None
         candidates = []
         for _rate, name, _k, proposal in options:
-            key = "model" if proposal is None else _ngram_key(proposal)
-            per_token = self.model_cost.per_token_s if proposal is None else 0.0
+            key = name if proposal is None else _ngram_key(proposal)
+            per_token = 0.0 if proposal is not None else (self.self_cost if name == "self" else self.model_cost).per_token_s
             cap = len(proposal.tokens) if proposal is not None else self.max_len
             if best_length([PLAUSIBLE_BEST_ACCEPTANCE] * cap, self.cost, per_token)[0] > 0:
                 candidates.append((self._since_tried.get(key, 10**9), name, proposal))  # never tried: first
@@ -206,6 +222,8 @@ class Planner:
     def _acceptance(self, key: str) -> Acceptance:
         if key == "model":
             return self.model_acceptance
+        if key == "self":
+            return self.self_acceptance
         return self.ngram_acceptance[key.split(":", 1)[1]]
 
     def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int) -> None:
@@ -213,10 +231,12 @@ class Planner:
             self.cost.observe(batch_n, verify_s)
         if not draft.tokens:
             return
-        if draft.source == "model":
-            self.model_acceptance.observe(len(draft.tokens), accepted)
+        if draft.source in ("model", "self"):
+            acceptance, cost = ((self.model_acceptance, self.model_cost) if draft.source == "model"
+                                else (self.self_acceptance, self.self_cost))
+            acceptance.observe(len(draft.tokens), accepted)
             if draft.per_token_s is not None and self.learn_costs:
-                self.model_cost.observe(1, draft.per_token_s)
+                cost.observe(1, draft.per_token_s)
         elif draft.source == "ngram":
             self.ngram_acceptance[_bucket(draft)].observe(len(draft.tokens), accepted)
             if self.ngram is not None:

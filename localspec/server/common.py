@@ -37,7 +37,7 @@ class SamplingFields(Loose):
     repeat_penalty: float | None = Field(None, gt=0)
     seed: int | None = None
     stop: list[str] | str | None = None
-    drafter: str | None = None           # localspec: auto | model | ngram | none
+    drafter: str | None = None           # localspec: auto | model | self | ngram | none
     draft_len: int | None = Field(None, ge=0, le=32)
 
 
@@ -99,8 +99,8 @@ class Served:
         if max_tokens is None or max_tokens < 0:
             max_tokens = room
         stops = [f.stop] if isinstance(f.stop, str) else list(f.stop or [])
-        if f.drafter is not None and f.drafter not in ("auto", "model", "ngram", "none"):
-            raise ApiError(400, f"drafter must be one of auto, model, ngram, none (got '{f.drafter}').")
+        if f.drafter is not None and f.drafter not in ("auto", "model", "self", "ngram", "none"):
+            raise ApiError(400, f"drafter must be one of auto, model, self, ngram, none (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
                    sampling=self.sampling(f, default_temperature, seed), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import threading
@@ -184,6 +185,9 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     say(snippets(url if not remote else url, served.name, api_key))
     say("Ctrl+C stops the server.")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
+    # uvicorn re-raises the signal that stopped it once it has shut down: make SIGTERM unwind like Ctrl+C,
+    # so the models are freed and the socket file removed.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
     try:
         server.run(sockets=[s for s in (tcp, unix) if s is not None])
     finally:

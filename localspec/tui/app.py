@@ -380,6 +380,10 @@ class ChatApp(App):
             self.notify(f"{self.engine_id} has no draft model; choose the drafter auto, ngram or none (Ctrl+S).",
                         severity="error", title="No draft model")
             return
+        if self.settings.drafter == "self" and getattr(self.engine, "self_drafter", None) is None:
+            self.notify(f"{self.engine_id} has no self-draft; build one with `localspec draft make {self.engine_id}` "
+                        "or choose another drafter (Ctrl+S).", severity="error", title="No self-draft")
+            return
         assert self.conversation is not None
         text = message.text
         self.prompt.clear()

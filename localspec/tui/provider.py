@@ -84,5 +84,7 @@ class LocalProvider:
 
     def load(self, entry_id: str):
         from localspec.engine.api import load
+        from localspec.selfdraft import find_self_draft
 
-        return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers)
+        return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers,
+                    self_draft=find_self_draft(entry_id))

@@ -1,0 +1,399 @@
+"""`localspec bench`: speculative vs plain decoding (and peers) on shipped prompt suites, in one run.
+
+For every prompt the variants run back to back (plain, drafter A, drafter B, …, then again for the next
+repeat) so machine drift hits them alike; speedups are ratios of medians. Everything measured is kept
+as raw runs (JSON); the report is a pure function of them, so it can be rebuilt and tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Iterable
+
+import yaml
+
+from localspec.errors import LocalspecError
+
+SUITES = ("code", "edit", "chat", "creative")
+DRAFTERS = ("auto", "model", "ngram", "self")
+PEERS = ("llama-cpp-python", "llama-cpp-python+lookup", "llama-speculative-simple")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    suite: str
+    index: int
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}-{self.index + 1}"
+
+
+def load_suites(names: Iterable[str]) -> list[Prompt]:
+    prompts = []
+    for name in names:
+        if name not in SUITES:
+            raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join(SUITES)}.")
+        text = resources.files("localspec").joinpath("bench_prompts", f"{name}.yaml").read_text()
+        for i, p in enumerate(yaml.safe_load(text)["prompts"]):
+            prompts.append(Prompt(name, i, p))
+    return prompts
+
+
+@dataclass
+class Run:
+    """One generation. `variant` is 'plain', a drafter name, or a peer's name."""
+
+    suite: str
+    prompt: str
+    variant: str
+    temperature: float
+    repeat: int
+    tokens: list[int]
+    generated: int
+    seconds: float
+    tokens_per_s: float
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    drafting_rounds: int = 0
+    kept_by_position: list[int] = field(default_factory=list)
+    tried_by_position: list[int] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _seed(prompt: Prompt, repeat: int) -> int:
+    return int(hashlib.sha256(f"{prompt.id}/{repeat}".encode()).hexdigest()[:8], 16)
+
+
+def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat: int, max_tokens: int) -> Run:
+    from localspec.engine.events import Summary, answer_tokens
+    from localspec.engine.sampling import SamplingSettings
+
+    sampling = SamplingSettings(temperature=temperature, seed=_seed(prompt, repeat))
+    messages = [{"role": "user", "content": prompt.text}]
+    events = list(engine.chat(messages, max_tokens=max_tokens, sampling=sampling,
+                              drafter="none" if drafter == "plain" else drafter))
+    s = events[-1]
+    assert isinstance(s, Summary)
+    tried = list(s.drafted_by_position)
+    kept = [round(r * n) for r, n in zip(s.acceptance_by_position, tried)]
+    return Run(suite=prompt.suite, prompt=prompt.id, variant=drafter, temperature=temperature, repeat=repeat,
+               tokens=answer_tokens(events), generated=s.generated_tokens, seconds=s.wall_s,
+               tokens_per_s=s.tokens_per_s, drafted=s.drafted, accepted=s.accepted, rounds=s.rounds,
+               drafting_rounds=s.rounds - s.rounds_by_drafter.get("none", 0),
+               kept_by_position=kept, tried_by_position=tried)
+
+
+class LlamaPeer:
+    """llama-cpp-python's own `Llama` on the same target file: plain, or with its prompt-lookup draft."""
+
+    def __init__(self, path: Path, n_ctx: int, lookup: bool):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        threads = os.cpu_count() or 1  # Llama's default is half the cores; localspec uses all of them
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
+        self.name = PEERS[1] if lookup else PEERS[0]
+        self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                         draft_model=draft)
+
+    def run(self, tokens: list[int], prompt: Prompt, temperature: float, repeat: int, max_tokens: int,
+            is_eog: Callable[[int], bool]) -> Run:
+        llm = self.llm
+        llm.reset()
+        if len(tokens) > 1:
+            llm.eval(tokens[:-1])
+        out: list[int] = []
+        t0 = time.perf_counter()
+        kwargs = {"top_k": 1, "temp": 0.0} if temperature == 0 else {"temp": temperature, "top_k": 40, "top_p": 0.95,
+                                                                     "min_p": 0.05}
+        if temperature > 0:
+            llm.set_seed(_seed(prompt, repeat))
+        for tok in llm.generate(tokens[-1:], reset=False, **kwargs):
+            if is_eog(tok):
+                break
+            out.append(tok)
+            if len(out) >= max_tokens:
+                break
+        seconds = time.perf_counter() - t0
+        return Run(suite=prompt.suite, prompt=prompt.id, variant=self.name, temperature=temperature, repeat=repeat,
+                   tokens=out, generated=len(out), seconds=seconds,
+                   tokens_per_s=len(out) / seconds if seconds > 0 else 0.0)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def speculative_simple_peer(target: Path, draft: Path | None, prompt_text: str, prompt: Prompt, repeat: int,
+                            max_tokens: int) -> Run | None:
+    """llama.cpp's `llama-speculative-simple`, when it is on PATH (greedy; its own timing line)."""
+    binary = shutil.which("llama-speculative-simple")
+    if binary is None or draft is None:
+        return None
+    cmd = [binary, "-m", str(target), "-md", str(draft), "-p", prompt_text, "-n", str(max_tokens), "--temp", "0",
+           "-t", str(os.cpu_count() or 1)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    import re
+
+    match = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s*s", proc.stderr + proc.stdout)
+    if not match:
+        return None
+    n, seconds = int(match.group(1)), float(match.group(2))
+    return Run(suite=prompt.suite, prompt=prompt.id, variant=PEERS[2], temperature=0.0, repeat=repeat, tokens=[],
+               generated=n, seconds=seconds, tokens_per_s=n / seconds if seconds else 0.0)
+
+
+def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: list[float], max_tokens: int,
+          repeat: int, peers: bool, progress: Callable[[str], None] = lambda _m: None) -> list[Run]:
+    """Every prompt x temperature x repeat: plain then each drafter, back to back; then the peers (greedy)."""
+    runs: list[Run] = []
+    total = len(prompts) * len(temperatures) * repeat * (1 + len(drafters))
+    done = 0
+    t0 = time.perf_counter()
+    for prompt in prompts:
+        for temperature in temperatures:
+            for r in range(repeat):
+                for variant in ["plain", *drafters]:
+                    engine.reset()  # every variant evaluates its prompt from scratch, as the first request would
+                    runs.append(run_engine(engine, prompt, variant, temperature, r, max_tokens))
+                    done += 1
+                    last = runs[-1]
+                    eta = (time.perf_counter() - t0) / done * (total - done)
+                    progress(f"[{done}/{total}] {prompt.id:11} T={temperature:<3} {variant:6} "
+                             f"{last.tokens_per_s:6.1f} tok/s  {last.accepted}/{last.drafted} accepted  "
+                             f"(about {eta / 60:.1f} min left)")
+    if peers:
+        target_path = Path(engine.target.path)
+        draft_path = Path(engine.draft.path) if engine.draft is not None else None
+        tokens = {p.id: engine.chat_tokens([{"role": "user", "content": p.text}]) for p in prompts}
+        for lookup in (False, True):
+            peer = LlamaPeer(target_path, engine.n_ctx, lookup)
+            try:
+                for prompt in prompts:
+                    for r in range(repeat):
+                        runs.append(peer.run(tokens[prompt.id], prompt, 0.0, r, max_tokens, engine.target.vocab.is_eog))
+                        progress(f"peer {peer.name:24} {prompt.id:11} {runs[-1].tokens_per_s:6.1f} tok/s")
+            finally:
+                peer.close()
+        for prompt in prompts:
+            run = speculative_simple_peer(target_path, draft_path, prompt.text, prompt, 0, max_tokens)
+            if run is None:
+                break
+            runs.append(run)
+    return runs
+
+
+# ----------------------------------------------------------------------------- the report (pure)
+
+
+@dataclass
+class Row:
+    suite: str
+    variant: str
+    temperature: float
+    plain_tokens_per_s: float
+    tokens_per_s: float
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    acceptance: float
+    mean_accepted: float
+    draft_length: float
+    acceptance_by_position: list[float]
+    bound: float | None
+    identical: float | None        # greedy: share of plain's tokens the speculative answer reproduced in order
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens per round from a k-token draft whose positions are each kept with probability alpha."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def speedup_bound(alpha: float, verify: Callable[[int], float], draft_per_token: float, max_len: int = 16) -> float:
+    """The best speedup a drafter with acceptance alpha allows under these costs (over all draft lengths)."""
+    one = verify(1)
+    best = 1.0
+    for k in range(1, max_len + 1):
+        best = max(best, expected_tokens(alpha, k) * one / (verify(k + 1) + k * draft_per_token))
+    return best
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def identical_prefix(plain: list[int], other: list[int]) -> float:
+    n = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    return n / len(plain) if plain else 1.0
+
+
+def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
+              draft_costs: dict[str, float] | None = None) -> list[Row]:
+    """One row per suite x variant x temperature, plus 'all' suites; speedups against our plain runs."""
+    rows: list[Row] = []
+    draft_costs = draft_costs or {}
+    suites = sorted({r.suite for r in runs}, key=lambda s: SUITES.index(s) if s in SUITES else 99)
+    variants = [v for v in dict.fromkeys(r.variant for r in runs) if v != "plain"]
+    temps = sorted({r.temperature for r in runs})
+    for suite in [*suites, "all"]:
+        for temperature in temps:
+            def pick(variant: str) -> list[Run]:
+                return [r for r in runs if r.variant == variant and r.temperature == temperature
+                        and (suite == "all" or r.suite == suite)]
+
+            plain = pick("plain")
+            if not plain:
+                continue
+            plain_by_prompt = {}
+            for r in plain:
+                plain_by_prompt.setdefault(r.prompt, []).append(r)
+            plain_tps = _median([r.tokens_per_s for r in plain])
+            for variant in variants:
+                sel = pick(variant)
+                if not sel:
+                    continue
+                tps = _median([r.tokens_per_s for r in sel])
+                ratios = []
+                for prompt in dict.fromkeys(r.prompt for r in sel):
+                    mine = [r.tokens_per_s for r in sel if r.prompt == prompt]
+                    base = [r.tokens_per_s for r in plain_by_prompt.get(prompt, [])]
+                    if mine and base and _median(base) > 0:
+                        ratios.append(_median(mine) / _median(base))
+                drafted = sum(r.drafted for r in sel)
+                accepted = sum(r.accepted for r in sel)
+                drafting_rounds = sum(r.drafting_rounds for r in sel)
+                width = max((len(r.tried_by_position) for r in sel), default=0)
+                tried = [sum(r.tried_by_position[i] for r in sel if i < len(r.tried_by_position)) for i in range(width)]
+                kept = [sum(r.kept_by_position[i] for r in sel if i < len(r.kept_by_position)) for i in range(width)]
+                alpha = accepted / drafted if drafted else 0.0
+                bound = None
+                if verify is not None and variant in draft_costs and drafted:
+                    bound = speedup_bound(alpha, verify, draft_costs[variant])
+                identical = None
+                if temperature == 0:
+                    shares = [identical_prefix(plain_by_prompt[r.prompt][min(r.repeat, len(plain_by_prompt[r.prompt]) - 1)].tokens,
+                                               r.tokens)
+                              for r in sel if r.tokens and r.prompt in plain_by_prompt]
+                    identical = statistics.fmean(shares) if shares else None
+                rows.append(Row(
+                    suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=plain_tps,
+                    tokens_per_s=tps, speedup=tps / plain_tps if plain_tps else 0.0,
+                    speedup_min=min(ratios, default=0.0), speedup_max=max(ratios, default=0.0),
+                    acceptance=alpha, mean_accepted=accepted / drafting_rounds if drafting_rounds else 0.0,
+                    draft_length=drafted / drafting_rounds if drafting_rounds else 0.0,
+                    acceptance_by_position=[k / t if t else 0.0 for k, t in zip(kept, tried)],
+                    bound=bound, identical=identical))
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| suite | T | variant | plain tok/s | tok/s | speedup (min-max per prompt) | acceptance | accepted/round "
+        "| draft len | bound | greedy identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        spec = r.variant not in PEERS
+        lines.append(
+            f"| {r.suite} | {r.temperature:g} | {r.variant} | {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
+            f"{r.speedup:.2f}x ({r.speedup_min:.2f}-{r.speedup_max:.2f}) | "
+            + (f"{r.acceptance:.0%} | {r.mean_accepted:.2f} | {r.draft_length:.1f} | " if spec else "- | - | - | ")
+            + (f"{r.bound:.2f}x" if r.bound is not None else "-") + " | "
+            + (f"{r.identical:.0%}" if r.identical is not None else "-") + " |")
+    return "\n".join(lines)
+
+
+def to_json(runs: list[Run], rows: list[Row], meta: dict) -> dict:
+    return {"meta": meta, "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
+
+
+# ----------------------------------------------------------------------------- the plot (SVG, no dependencies)
+
+
+def svg(rows: list[Row], title: str) -> str:
+    """Left: speedup per suite and variant (greedy), with min-max whiskers. Right: acceptance by position."""
+    greedy = [r for r in rows if r.temperature == min(x.temperature for x in rows)] if rows else []
+    suites = list(dict.fromkeys(r.suite for r in greedy))
+    variants = list(dict.fromkeys(r.variant for r in greedy))
+    colors = ["#2b8a3e", "#1971c2", "#e8590c", "#862e9c", "#868e96", "#c92a2a", "#5c940d"]
+    W, H, pad = 960, 420, 50
+    left_w = 560
+    top = max([r.speedup_max for r in greedy] + [r.speedup for r in greedy] + [1.5])
+    top = math.ceil(top * 2) / 2
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{_esc(title)}</text>']
+    x0, y0, plot_h = pad, H - pad, H - 2 * pad - 10
+
+    def y(v: float) -> float:
+        return y0 - v / top * plot_h
+
+    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0 + left_w - pad}" y2="{y0}" stroke="black"/>')
+    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 - plot_h}" stroke="black"/>')
+    for tick in [i / 2 for i in range(int(top * 2) + 1)]:
+        out.append(f'<text x="{x0 - 6}" y="{y(tick) + 4}" text-anchor="end">{tick:g}x</text>')
+        out.append(f'<line x1="{x0}" y1="{y(tick)}" x2="{x0 + left_w - pad}" y2="{y(tick)}" stroke="#eee"/>')
+    out.append(f'<line x1="{x0}" y1="{y(1)}" x2="{x0 + left_w - pad}" y2="{y(1)}" stroke="#999" stroke-dasharray="4"/>')
+    group_w = (left_w - pad - 10) / max(1, len(suites))
+    bar_w = group_w * 0.8 / max(1, len(variants))
+    for si, suite in enumerate(suites):
+        gx = x0 + 10 + si * group_w
+        out.append(f'<text x="{gx + group_w * 0.4}" y="{y0 + 16}" text-anchor="middle">{_esc(suite)}</text>')
+        for vi, variant in enumerate(variants):
+            row = next((r for r in greedy if r.suite == suite and r.variant == variant), None)
+            if row is None:
+                continue
+            bx = gx + vi * bar_w
+            c = colors[vi % len(colors)]
+            out.append(f'<rect x="{bx:.1f}" y="{y(row.speedup):.1f}" width="{bar_w - 2:.1f}" '
+                       f'height="{y0 - y(row.speedup):.1f}" fill="{c}"/>')
+            mid = bx + (bar_w - 2) / 2
+            out.append(f'<line x1="{mid:.1f}" y1="{y(row.speedup_min):.1f}" x2="{mid:.1f}" y2="{y(row.speedup_max):.1f}" '
+                       f'stroke="black"/>')
+    for vi, variant in enumerate(variants):
+        out.append(f'<rect x="{x0 + 10 + vi * 130}" y="32" width="10" height="10" fill="{colors[vi % len(colors)]}"/>'
+                   f'<text x="{x0 + 24 + vi * 130}" y="41">{_esc(variant)}</text>')
+    out.append(f'<text x="{x0 - 40}" y="{y0 - plot_h / 2}" transform="rotate(-90 {x0 - 40} {y0 - plot_h / 2})" '
+               f'text-anchor="middle">speedup over plain (greedy)</text>')
+
+    # acceptance by position, over all suites
+    ax0, aw = left_w + 40, W - left_w - 70
+    out.append(f'<line x1="{ax0}" y1="{y0}" x2="{ax0 + aw}" y2="{y0}" stroke="black"/>')
+    out.append(f'<line x1="{ax0}" y1="{y0}" x2="{ax0}" y2="{y0 - plot_h}" stroke="black"/>')
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        yy = y0 - tick * plot_h
+        out.append(f'<text x="{ax0 - 6}" y="{yy + 4}" text-anchor="end">{tick:.0%}</text>')
+    out.append(f'<text x="{ax0 + aw / 2}" y="{y0 + 30}" text-anchor="middle">draft position (all suites)</text>')
+    span = 8
+    for i in range(1, span + 1):
+        out.append(f'<text x="{ax0 + (i - 0.5) * aw / span:.1f}" y="{y0 + 16}" text-anchor="middle">{i}</text>')
+    for vi, variant in enumerate(variants):
+        row = next((r for r in greedy if r.suite == "all" and r.variant == variant), None)
+        if row is None or not row.acceptance_by_position:
+            continue
+        pts = [(ax0 + (i + 0.5) * aw / span, y0 - a * plot_h) for i, a in enumerate(row.acceptance_by_position[:span])]
+        c = colors[vi % len(colors)]
+        out.append('<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>'.format(
+            c, " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)))
+        out.extend(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{c}"/>' for px, py in pts)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

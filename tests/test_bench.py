@@ -1,0 +1,88 @@
+"""The bench's statistics and report on recorded runs, and one short real run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from localspec import bench as b
+
+
+def run(prompt, variant, tps, tokens, temperature=0.0, repeat=0, drafted=0, accepted=0, rounds=10, drafting=0,
+        kept=(), tried=(), suite="edit"):
+    return b.Run(suite=suite, prompt=prompt, variant=variant, temperature=temperature, repeat=repeat, tokens=tokens,
+                 generated=len(tokens), seconds=len(tokens) / tps, tokens_per_s=tps, drafted=drafted, accepted=accepted,
+                 rounds=rounds, drafting_rounds=drafting, kept_by_position=list(kept), tried_by_position=list(tried))
+
+
+RECORDED = [
+    run("edit-1", "plain", 10.0, [1, 2, 3, 4]),
+    run("edit-1", "ngram", 15.0, [1, 2, 3, 4], drafted=8, accepted=6, drafting=3, kept=(3, 2, 1), tried=(3, 3, 2)),
+    run("edit-2", "plain", 12.0, [5, 6, 7, 8]),
+    run("edit-2", "ngram", 12.0, [5, 6, 9, 9], drafted=4, accepted=1, drafting=2, kept=(1, 0), tried=(2, 2)),
+    run("code-1", "plain", 11.0, [1, 1], suite="code"),
+    run("code-1", "ngram", 11.0, [1, 1], suite="code"),
+    run("llama-peer", "llama-cpp-python", 9.0, [1, 2, 3, 4]),
+]
+
+
+def test_summary_rows_add_up():
+    rows = b.summarize(RECORDED, verify=lambda n: 0.1 + 0.02 * (n - 1), draft_costs={"ngram": 0.0})
+    edit = next(r for r in rows if r.suite == "edit" and r.variant == "ngram")
+    assert edit.plain_tokens_per_s == pytest.approx(11.0) and edit.tokens_per_s == pytest.approx(13.5)
+    assert edit.speedup == pytest.approx(13.5 / 11.0)
+    assert (edit.speedup_min, edit.speedup_max) == (pytest.approx(1.0), pytest.approx(1.5))
+    assert edit.acceptance == pytest.approx(7 / 12) and edit.mean_accepted == pytest.approx(7 / 5)
+    assert edit.draft_length == pytest.approx(12 / 5)
+    assert edit.acceptance_by_position == pytest.approx([4 / 5, 2 / 5, 1 / 2])
+    assert edit.identical == pytest.approx((1.0 + 0.5) / 2)
+    assert edit.bound == pytest.approx(b.speedup_bound(7 / 12, lambda n: 0.1 + 0.02 * (n - 1), 0.0))
+    overall = next(r for r in rows if r.suite == "all" and r.variant == "ngram")
+    assert overall.acceptance == pytest.approx(7 / 12)
+    table = b.markdown(rows)
+    assert table.count("\n") == len(rows) + 1 and "| edit | 0 | ngram |" in table
+    svg = b.svg(rows, "test")
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>") and "ngram" in svg
+
+
+def test_speedup_bound_is_the_best_length_under_the_costs():
+    flat = lambda n: 1.0  # noqa: E731  a GPU-like verify: any small batch costs one token
+    assert b.speedup_bound(0.0, flat, 0.0) == pytest.approx(1.0)
+    assert b.speedup_bound(0.5, flat, 0.0, max_len=16) == pytest.approx(b.expected_tokens(0.5, 16))
+    assert b.expected_tokens(1.0, 3) == 4.0
+    steep = lambda n: float(n)  # noqa: E731  verifying n costs n tokens: drafting can never pay
+    assert b.speedup_bound(0.9, steep, 0.0) == pytest.approx(1.0)
+
+
+def test_suites_ship_at_least_eight_prompts_each():
+    prompts = b.load_suites(b.SUITES)
+    for suite in b.SUITES:
+        assert len([p for p in prompts if p.suite == suite]) >= 8
+    with pytest.raises(Exception, match="Unknown suite"):
+        b.load_suites(["poetry"])
+
+
+@pytest.mark.model
+def test_a_short_real_bench_run(test_home_with_smollm2, tmp_path):
+    out, plot = tmp_path / "runs.json", tmp_path / "plot.svg"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "bench", "smollm2-135m", "--suite", "edit,chat", "--prompts", "1",
+         "--max-tokens", "16", "--drafter", "ngram", "--temperature", "0", "--json", str(out), "--plot", str(plot)],
+        capture_output=True, text=True, timeout=600,
+        env={"LOCALSPEC_HOME": str(test_home_with_smollm2), "PATH": ""})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    ours = [r for r in runs if r["variant"] in ("plain", "ngram")]
+    assert len(ours) == 4 and {r["suite"] for r in ours} == {"edit", "chat"}
+    assert {r["variant"] for r in runs} >= {"llama-cpp-python", "llama-cpp-python+lookup"}
+    for r in runs:
+        assert 0 < r["generated"] <= 16 and r["tokens_per_s"] == pytest.approx(r["generated"] / r["seconds"], rel=0.05)
+        assert r["accepted"] <= r["drafted"]
+    row = next(r for r in data["rows"] if r["suite"] == "all" and r["variant"] == "ngram")
+    plain = [r["tokens_per_s"] for r in ours if r["variant"] == "plain"]
+    assert row["plain_tokens_per_s"] == pytest.approx(sum(plain) / 2)
+    assert row["identical"] is not None and 0 <= row["identical"] <= 1
+    assert "| all | 0 | ngram |" in proc.stdout and "llama-cpp-python" in proc.stdout
+    assert plot.read_text().startswith("<svg")
