@@ -2,6 +2,7 @@ import os
 import sys
 from pathlib import Path
 
+import llama_cpp  # noqa: F401  before numpy, as localspec.engine does (CUDA builds crash otherwise)
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
