@@ -98,24 +98,29 @@ def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat:
 
 
 class LlamaPeer:
-    """llama-cpp-python's own `Llama` on the same target file: plain, or with its prompt-lookup draft."""
+    """llama-cpp-python's own `Llama` on the same target file, plain or with its prompt-lookup draft."""
 
-    def __init__(self, path: Path, n_ctx: int, lookup: bool):
+    def __init__(self, path: Path, n_ctx: int):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         threads = os.cpu_count() or 1  # Llama's default is half the cores; localspec uses all of them
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
-        self.name = PEERS[1] if lookup else PEERS[0]
+        self.lookup = LlamaPromptLookupDecoding(num_pred_tokens=10)
+        # Constructed with its draft so that Llama keeps logits for every position, as drafting needs;
+        # the plain runs set draft_model to None (one token per step: the same work either way).
         self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                         draft_model=draft)
+                         draft_model=self.lookup)
 
     def run(self, tokens: list[int], prompt: Prompt, temperature: float, repeat: int, max_tokens: int,
-            is_eog: Callable[[int], bool]) -> Run:
+            is_eog: Callable[[int], bool], lookup: bool = False) -> Run:
         llm = self.llm
-        llm.reset()
-        if len(tokens) > 1:
-            llm.eval(tokens[:-1])
+        llm.draft_model = self.lookup if lookup else None
+        # Keep the evaluated prompt (as llama-cpp-python's own prefix reuse would); drop the last answer.
+        keep = len(tokens) - 1
+        if llm.n_tokens > keep or list(llm.input_ids[:min(llm.n_tokens, keep)]) != tokens[:min(llm.n_tokens, keep)]:
+            llm.reset()
+        if llm.n_tokens < keep:
+            llm.eval(tokens[llm.n_tokens:keep])
         out: list[int] = []
         t0 = time.perf_counter()
         kwargs = {"top_k": 1, "temp": 0.0} if temperature == 0 else {"temp": temperature, "top_k": 40, "top_p": 0.95,
@@ -129,8 +134,9 @@ class LlamaPeer:
             if len(out) >= max_tokens:
                 break
         seconds = time.perf_counter() - t0
-        return Run(suite=prompt.suite, prompt=prompt.id, variant=self.name, temperature=temperature, repeat=repeat,
-                   tokens=out, generated=len(out), seconds=seconds,
+        llm.n_tokens = keep  # forget the answer (and the pending last prompt token) for the next run
+        return Run(suite=prompt.suite, prompt=prompt.id, variant=PEERS[1] if lookup else PEERS[0],
+                   temperature=temperature, repeat=repeat, tokens=out, generated=len(out), seconds=seconds,
                    tokens_per_s=len(out) / seconds if seconds > 0 else 0.0)
 
     def close(self) -> None:
@@ -157,39 +163,45 @@ def speculative_simple_peer(target: Path, draft: Path | None, prompt_text: str, 
 
 
 def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: list[float], max_tokens: int,
-          repeat: int, peers: bool, progress: Callable[[str], None] = lambda _m: None) -> list[Run]:
-    """Every prompt x temperature x repeat: plain then each drafter, back to back; then the peers (greedy)."""
+          repeat: int, peers: bool, peer_prompts: int = 4,
+          progress: Callable[[str], None] = lambda _m: None) -> list[Run]:
+    """Every prompt x temperature x repeat: plain then each drafter, back to back; right after them,
+    on the first `peer_prompts` prompts of each suite, the peers (greedy), so that they too are
+    compared with runs made moments apart."""
     runs: list[Run] = []
-    total = len(prompts) * len(temperatures) * repeat * (1 + len(drafters))
+    chosen = {p.id for p in prompts if p.index < peer_prompts} if peers else set()
+    total = len(prompts) * len(temperatures) * repeat * (1 + len(drafters)) + 2 * repeat * len(chosen)
     done = 0
     t0 = time.perf_counter()
-    for prompt in prompts:
-        for temperature in temperatures:
-            for r in range(repeat):
-                for variant in ["plain", *drafters]:
-                    engine.reset()  # every variant evaluates its prompt from scratch, as the first request would
-                    runs.append(run_engine(engine, prompt, variant, temperature, r, max_tokens))
-                    done += 1
-                    last = runs[-1]
-                    eta = (time.perf_counter() - t0) / done * (total - done)
-                    progress(f"[{done}/{total}] {prompt.id:11} T={temperature:<3} {variant:6} "
-                             f"{last.tokens_per_s:6.1f} tok/s  {last.accepted}/{last.drafted} accepted  "
-                             f"(about {eta / 60:.1f} min left)")
-    if peers:
-        target_path = Path(engine.target.path)
-        draft_path = Path(engine.draft.path) if engine.draft is not None else None
-        tokens = {p.id: engine.chat_tokens([{"role": "user", "content": p.text}]) for p in prompts}
-        for lookup in (False, True):
-            peer = LlamaPeer(target_path, engine.n_ctx, lookup)
-            try:
-                for prompt in prompts:
-                    for r in range(repeat):
-                        runs.append(peer.run(tokens[prompt.id], prompt, 0.0, r, max_tokens, engine.target.vocab.is_eog))
-                        progress(f"peer {peer.name:24} {prompt.id:11} {runs[-1].tokens_per_s:6.1f} tok/s")
-            finally:
-                peer.close()
+    peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if chosen else None
+
+    def note(run: Run) -> None:
+        nonlocal done
+        runs.append(run)
+        done += 1
+        eta = (time.perf_counter() - t0) / done * (total - done)
+        progress(f"[{done}/{total}] {run.prompt:11} T={run.temperature:<3} {run.variant:24} {run.tokens_per_s:6.1f} tok/s"
+                 f"  {run.accepted}/{run.drafted} accepted  (about {eta / 60:.1f} min left)")
+
+    try:
         for prompt in prompts:
-            run = speculative_simple_peer(target_path, draft_path, prompt.text, prompt, 0, max_tokens)
+            engine.reset()  # the prompt is evaluated once; its variants reuse the cached prefix (prompt time is not counted)
+            for temperature in temperatures:
+                for r in range(repeat):
+                    for variant in ["plain", *drafters]:
+                        note(run_engine(engine, prompt, variant, temperature, r, max_tokens))
+            if peer is not None and prompt.id in chosen:
+                tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
+                for r in range(repeat):
+                    for lookup in (False, True):  # one Llama: the second run reuses the evaluated prompt
+                        note(peer.run(tokens, prompt, 0.0, r, max_tokens, engine.target.vocab.is_eog, lookup=lookup))
+    finally:
+        if peer is not None:
+            peer.close()
+    if chosen:
+        draft_path = Path(engine.draft.path) if engine.draft is not None else None
+        for prompt in (p for p in prompts if p.id in chosen):
+            run = speculative_simple_peer(Path(engine.target.path), draft_path, prompt.text, prompt, 0, max_tokens)
             if run is None:
                 break
             runs.append(run)
@@ -268,6 +280,9 @@ def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
                 if not sel:
                     continue
                 tps = _median([r.tokens_per_s for r in sel])
+                # The baseline over the same prompts (peers may run on a subset).
+                ran = {r.prompt for r in sel}
+                base_tps = _median([r.tokens_per_s for r in plain if r.prompt in ran]) or plain_tps
                 ratios = []
                 for prompt in dict.fromkeys(r.prompt for r in sel):
                     mine = [r.tokens_per_s for r in sel if r.prompt == prompt]
@@ -291,8 +306,8 @@ def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
                               for r in sel if r.tokens and r.prompt in plain_by_prompt]
                     identical = statistics.fmean(shares) if shares else None
                 rows.append(Row(
-                    suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=plain_tps,
-                    tokens_per_s=tps, speedup=tps / plain_tps if plain_tps else 0.0,
+                    suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=base_tps,
+                    tokens_per_s=tps, speedup=tps / base_tps if base_tps else 0.0,
                     speedup_min=min(ratios, default=0.0), speedup_max=max(ratios, default=0.0),
                     acceptance=alpha, mean_accepted=accepted / drafting_rounds if drafting_rounds else 0.0,
                     draft_length=drafted / drafting_rounds if drafting_rounds else 0.0,

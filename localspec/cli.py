@@ -313,10 +313,13 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also run llama-cpp-python's Llama (plain and prompt-lookup), and llama-speculative-simple if on PATH.")
 @click.option("--prompts", "limit", type=int, default=None, help="Only the first N prompts of each suite.")
+@click.option("--peer-prompts", type=int, default=4, show_default=True,
+              help="Peers run on the first N prompts of each suite (they are the slow part of a run).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every raw run here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write an SVG plot here.")
 @click.option("--ctx", "n_ctx", type=int, default=2048, show_default=True)
-def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, limit, json_path, plot_path, n_ctx):
+def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, limit, peer_prompts, json_path, plot_path,
+          n_ctx):
     """Measure speculative against plain decoding (and peers) on shipped prompt suites.
 
     Variants run back to back per prompt so machine drift cancels out. Prints a Markdown table:
@@ -361,7 +364,7 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                f"{len(prompts)} prompts, {max_tokens} tokens, T in {temps}, repeat {repeat}, drafters {drafters}", err=True)
     with engine:
         runs = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens, repeat=repeat,
-                       peers=peers, progress=lambda m: click.echo(m, err=True))
+                       peers=peers, peer_prompts=peer_prompts, progress=lambda m: click.echo(m, err=True))
         costs = {"ngram": 0.0, "auto": 0.0}
         if engine.draft is not None:
             costs["model"] = engine.draft_cost.per_token_s
@@ -373,8 +376,11 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                 "machine": platform.machine(), "threads": os.cpu_count(), "max_tokens": max_tokens,
                 "repeat": repeat, "temperatures": temps, "drafters": drafters,
                 "verify_ms": {n: round(s * 1000, 2) for n, s in sorted(engine.cost.verify_s.items())},
-                "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()}}
+                "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()},
+                "draft_files": _draft_files(engine)}
     click.echo(b.markdown(rows))
+    for role, name, size, note in meta["draft_files"]:
+        click.echo(f"\n{role}: {name}, {_size(size)}{note}")
     if json_path:
         Path(json_path).write_text(json.dumps(b.to_json(runs, rows, meta), indent=1))
         click.echo(f"raw runs: {json_path}", err=True)
@@ -426,6 +432,17 @@ def _model_file(name: str) -> Path:
     if not isinstance(entry, ModelSpec):
         raise LocalspecError(f"'{name}' is a pair; give a model id or a GGUF path.")
     return model_path(entry)
+
+
+def _draft_files(engine) -> list[tuple[str, str, int, str]]:
+    """(role, file name, size, note) of the drafts a bench ran with, for the report."""
+    out = []
+    if engine.draft is not None:
+        out.append(("draft model", engine.draft.path.name, engine.draft.path.stat().st_size, ""))
+    if getattr(engine, "self_draft", None) is not None:
+        out.append(("self-draft", engine.self_draft.path.name, engine.self_draft.path.stat().st_size,
+                    f", {engine.self_draft.n_layer} of {engine.target.n_layer} blocks"))
+    return out
 
 
 def _size(n: int | None) -> str:

@@ -22,24 +22,15 @@ from localspec.engine.adaptive import CostModel, measure_verify_costs
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import answer_tokens
 
-FUNC = '''def parse_config(path):
-    """Read a simple KEY=VALUE config file into a dict."""
-    result = {}
-    with open(path) as handle:
-        for line in handle:
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, value = line.split("=", 1)
-            result[key.strip()] = value.strip()
-    return result
-'''
-PROMPTS = {
-    "edit": f"Rename the variable `result` to `settings` in this function. Reply with the whole function only.\n\n{FUNC}",
-    "edit2": f"Add a docstring line saying it skips comments, and change nothing else. Reply with the code only.\n\n{FUNC}",
-    "code": "Write a Python function that merges two sorted lists into one sorted list.",
-    "chat": "Explain the difference between a process and a thread.",
-}
+def prompts() -> dict[str, str]:
+    """Two edit prompts, one code and one chat prompt from the bench's suites."""
+    from localspec.bench import load_suites
+
+    chosen = {}
+    for p in load_suites(["edit", "code", "chat"]):
+        if p.index < (2 if p.suite == "edit" else 1):
+            chosen[p.id] = p.text
+    return chosen
 
 
 def main() -> int:
@@ -76,7 +67,7 @@ def main() -> int:
                     self_draft=drafts.get("self"))
     variants = ["none", "ngram", "auto"] + [d for d in ("model", "self") if d in drafts]
     results = []
-    for name, prompt in PROMPTS.items():
+    for name, prompt in prompts().items():
         messages = [{"role": "user", "content": prompt}]
         plain_tokens = None
         base = None
@@ -96,7 +87,7 @@ def main() -> int:
                    "speedup": round(rate / base, 3), "drafted": s.drafted, "accepted": s.accepted,
                    "identical_to_plain": same}
             results.append(row)
-            print(f"  {name:6} {variant:6} {rate:8.1f} tok/s  x{rate / base:5.2f}  accepted {s.accepted}/{s.drafted}"
+            print(f"  {name:7} {variant:6} {rate:8.1f} tok/s  x{rate / base:5.2f}  accepted {s.accepted}/{s.drafted}"
                   f"  identical {same}")
     report["runs"] = results
     engine.close()

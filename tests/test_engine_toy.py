@@ -249,3 +249,44 @@ def test_ngram_copy_resumes_past_a_substituted_token():
     ngram.observe(first, accepted=1)  # kept 12; the target wrote 77 where the source has 13
     resumed = ngram.propose(source + [10, 11, 12, 77], 3, sampler)
     assert resumed.tokens == [14, 15, 16] and resumed.continuing and resumed.evidence == 0
+
+
+def test_ngram_copy_learns_a_rename_and_applies_it_later():
+    from localspec.engine.drafters import NgramDrafter
+    from localspec.engine.sampling import Sampler
+
+    source = [10, 11, 13, 14, 15, 13, 16, 13, 17, 18]   # the answer renames every 13 to 77
+    source += list(range(40, 60))                       # the rest of the prompt
+    ngram = NgramDrafter()
+    sampler = Sampler(SamplingSettings())
+    first = ngram.propose(source + [10], 4, sampler)
+    assert first.tokens == [11, 13, 14, 15]
+    ngram.observe(first, accepted=1, token=77)          # kept 11; the target wrote 77 for 13
+    resumed = ngram.propose(source + [10, 11, 77], 4, sampler)
+    assert resumed.tokens == [14, 15, 13, 16]           # one edit is not a rename yet
+    ngram.observe(resumed, accepted=2, token=77)        # the copy went on past the edit, and 13 -> 77 again
+    assert ngram.replacements == {13: 77}
+    later = ngram.propose(source + [10, 11, 77, 14, 15, 77], 4, sampler)
+    assert later.tokens == [16, 77, 17, 18]             # the rename is applied ahead of time
+    ngram.observe(later, accepted=1, token=13)          # here the answer kept 13 after all
+    assert ngram.replacements == {}
+
+
+def test_greedy_engine_output_is_unchanged_by_learned_renames():
+    """Whatever the drafter guesses, greedy output is the target's: the toy target with and without drafts."""
+    prompt = [0] + [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7] * 3
+    target = ToyModel(seed=11)
+    plain = _tokens(Engine(target, None, EngineOptions(drafter="none"), cost=CostModel(dict(COST)))
+                          .generate(prompt, max_tokens=60))
+    target2 = ToyModel(seed=11)
+    spec = _tokens(Engine(target2, None, EngineOptions(drafter="ngram", draft_len=4), cost=CostModel(dict(COST)))
+                         .generate(prompt, max_tokens=60))
+    assert spec == plain
+
+
+def test_one_slow_measurement_cannot_price_a_batch_size_out_for_good():
+    cost = CostModel({1: 1.0, 2: 1.5, 3: 5.0, 4: 2.0, 8: 3.0})  # 3 was measured while the machine was busy
+    assert cost.verify(3) == 2.0 and cost.verify(2) == 1.5 and cost.verify(6) == 2.5
+    assert [cost.verify(n) for n in range(1, 9)] == sorted(cost.verify(n) for n in range(1, 9))
+    cost.observe(4, 60.0)  # a stall during a real round moves the estimate a little, not to 60
+    assert cost.verify(4) < 2.5

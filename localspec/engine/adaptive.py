@@ -31,29 +31,40 @@ class CostModel:
     alpha: float = 0.1  # weight of a new observation
 
     def verify(self, n: int) -> float:
-        """Interpolated, and never cheaper than a smaller batch (noisy timings must not say so)."""
-        floor = max((v for m, v in self.verify_s.items() if m < n), default=0.0)
-        return max(self._interpolate(n), floor)
+        """Interpolated over a table that is never cheaper for a larger batch and never dearer for a
+        smaller one. A single slow measurement (a busy machine, a pause) then cannot make a batch size
+        look dearer than the larger ones, where it would stay: sizes the planner avoids are never
+        measured again to correct it."""
+        return self._interpolate(n, self._table())
 
-    def _interpolate(self, n: int) -> float:
-        sizes = sorted(self.verify_s)
-        if n in self.verify_s:
-            return self.verify_s[n]
+    def _table(self) -> dict[int, float]:
+        table, lowest = {}, math.inf
+        for m in sorted(self.verify_s, reverse=True):
+            lowest = min(lowest, self.verify_s[m])
+            table[m] = lowest
+        return table
+
+    @staticmethod
+    def _interpolate(n: int, table: dict[int, float]) -> float:
+        sizes = sorted(table)
+        if n in table:
+            return table[n]
         if n <= sizes[0]:
-            return self.verify_s[sizes[0]] * n / sizes[0]
+            return table[sizes[0]] * n / sizes[0]
         if n >= sizes[-1]:
             if len(sizes) == 1:
-                return self.verify_s[sizes[0]] * n / sizes[0]
+                return table[sizes[0]] * n / sizes[0]
             a, b = sizes[-2], sizes[-1]
-            slope = (self.verify_s[b] - self.verify_s[a]) / (b - a)
-            return self.verify_s[b] + max(slope, 0.0) * (n - b)
+            slope = (table[b] - table[a]) / (b - a)
+            return table[b] + max(slope, 0.0) * (n - b)
         i = bisect.bisect_left(sizes, n)
         a, b = sizes[i - 1], sizes[i]
         t = (n - a) / (b - a)
-        return self.verify_s[a] * (1 - t) + self.verify_s[b] * t
+        return table[a] * (1 - t) + table[b] * t
 
     def observe(self, n: int, seconds: float) -> None:
-        old = self._interpolate(n)
+        old = self._interpolate(n, self.verify_s)
+        seconds = min(seconds, 2.0 * old)  # a stall (another process, a page fault) is not what a batch costs
         self.verify_s[n] = old + self.alpha * (seconds - old) if n in self.verify_s else seconds * 0.5 + old * 0.5
 
     @property
@@ -70,7 +81,10 @@ class DrafterCost:
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
-            self.per_token_s += self.alpha * (seconds / n_tokens - self.per_token_s)
+            per_token = seconds / n_tokens
+            if self.per_token_s > 0:
+                per_token = min(per_token, 2.0 * self.per_token_s)  # a stall is not the drafter's cost
+            self.per_token_s += self.alpha * (per_token - self.per_token_s)
 
 
 @dataclass
@@ -116,14 +130,25 @@ def expected_tokens(rates: list[float]) -> float:
     return total
 
 
-def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float) -> tuple[int, float]:
-    """(k, expected tokens per second) maximizing throughput over k = 0..len(rates)."""
-    best_k, best_rate = 0, 1.0 / cost.verify(1)
+def margin_for(samples: float) -> float:
+    """How much over plain decoding a draft must promise: more while its acceptance rests on a prior
+    and a few samples (a wrong draft costs a whole verification), 2% once well measured."""
+    return 0.02 + 0.25 / (1.0 + samples)
+
+
+def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
+                margin: float = 0.02) -> tuple[int, float]:
+    """(k, expected tokens per second) maximizing throughput over k = 0..len(rates); k = 0 (plain
+    decoding) unless the best draft promises `margin` over it."""
+    plain = 1.0 / cost.verify(1)
+    best_k, best_rate = 0, plain
     for k in range(1, len(rates) + 1):
         seconds = k * draft_per_token_s + cost.verify(k + 1)
         rate = expected_tokens(rates[:k]) / seconds
-        if rate > best_rate * 1.02:  # a 2% margin: do not draft for noise-level gains
+        if rate > best_rate:
             best_k, best_rate = k, rate
+    if best_rate < plain * (1 + margin):
+        return 0, plain
     return best_k, best_rate
 
 
@@ -180,9 +205,9 @@ def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 4
             model.truncate(context_tokens)
         costs[n] = best
     model.truncate(0)
-    running = 0.0
-    for n in sorted(costs):  # a larger batch never costs less; smooth out timing noise
-        running = costs[n] = max(costs[n], running)
+    lowest = math.inf
+    for n in sorted(costs, reverse=True):  # a smaller batch never costs more; smooth out timing noise
+        lowest = costs[n] = min(costs[n], lowest)
     return costs
 
 
@@ -196,7 +221,7 @@ def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> di
         cached = load_cached(key) if enabled else None
         if cached:
             return {int(k): float(v) for k, v in cached.items()}
-    costs = measure_verify_costs(model, sizes=sizes, repeats=2 if enabled else 1)
+    costs = measure_verify_costs(model, sizes=sizes, repeats=3 if enabled else 1)
     if key and enabled:
         store_cached(key, {str(k): v for k, v in costs.items()})
     return costs

@@ -53,6 +53,7 @@ class Engine:
                              if self_draft is not None else None)
         self.self_cost = DrafterCost(per_token_s=self._draft_cost(self_draft) if self_draft is not None else 0.0)
         self._template = template
+        self._planner: Planner | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ setup
@@ -135,20 +136,29 @@ class Engine:
         finally:
             self._lock.release()
 
+    def _planner_for(self, mode: str, fixed: int | None) -> Planner:
+        """One planner for the engine's lifetime: what it learned about acceptance (by drafter, by the
+        evidence behind an n-gram match) and its probing back-off carry over from one request to the
+        next, instead of every short answer starting from the priors again."""
+        if self._planner is None:
+            self._planner = Planner(
+                mode=mode,
+                cost=self.cost,
+                model=self.model_drafter,
+                ngram=self.ngram,
+                fixed_len=fixed,
+                max_len=self.options.max_draft_len,
+                model_cost=self.draft_cost,
+                learn_costs=self.options.learn_costs,
+                self_model=self.self_drafter,
+                self_cost=self.self_cost,
+            )
+        self._planner.configure(mode, fixed)
+        return self._planner
+
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         vocab = self.target.vocab
-        planner = Planner(
-            mode=mode,
-            cost=self.cost,
-            model=self.model_drafter,
-            ngram=self.ngram,
-            fixed_len=fixed,
-            max_len=self.options.max_draft_len,
-            model_cost=self.draft_cost,
-            learn_costs=self.options.learn_costs,
-            self_model=self.self_drafter,
-            self_cost=self.self_cost,
-        )
+        planner = self._planner_for(mode, fixed)
         self.ngram.reset()
 
         t0 = time.perf_counter()

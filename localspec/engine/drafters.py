@@ -52,6 +52,11 @@ class NgramDrafter:
     elsewhere; and when the target replaced the copied token with its own (a renamed variable), the
     next proposal skips that token in the source. So the copy re-aligns right after an edit instead
     of jumping to an unrelated occurrence. Otherwise the longest match, latest occurrence, wins.
+
+    A replacement that the copy then carried on past is remembered (source token -> the target's),
+    and applied to later copies: a variable renamed once is renamed at every later occurrence
+    instead of breaking the copy each time. The target rejecting a remembered replacement in favour
+    of the original token forgets it.
     """
 
     name = "ngram"
@@ -63,11 +68,17 @@ class NgramDrafter:
         self._cursor: int | None = None       # source position the copy should continue from
         self._substituted: int | None = None  # source position of a copied token the target replaced
         self._last_start: int | None = None   # where the last proposal was copied from
+        self._last_source: list[int] = []     # the source tokens behind the last proposal
         self._continuing = False
+        self.replacements: dict[int, int] = {}   # source token -> the token the answer uses instead
+        self._candidate: tuple[int, int] | None = None  # a replacement seen once, not yet confirmed
 
     def reset(self) -> None:
         self._cursor = self._substituted = self._last_start = None
+        self._last_source = []
         self._continuing = False
+        self.replacements = {}
+        self._candidate = None
 
     def lookup(self, context: Sequence[int], max_len: int) -> tuple[list[int], int]:
         """(continuation, evidence); evidence is the match length, 0 for a copy resumed past an edit."""
@@ -110,7 +121,10 @@ class NgramDrafter:
 
     def _copy(self, arr: np.ndarray, start: int, max_len: int, *, continuing: bool) -> list[int]:
         self._last_start, self._continuing = start, continuing
-        return arr[start:min(start + max_len, len(arr))].tolist()
+        self._last_source = arr[start:min(start + max_len, len(arr))].tolist()
+        if not self.replacements:
+            return list(self._last_source)
+        return [self.replacements.get(t, t) for t in self._last_source]
 
     def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
         t0 = time.perf_counter()
@@ -118,17 +132,35 @@ class NgramDrafter:
         return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
                      seconds=time.perf_counter() - t0)
 
-    def observe(self, draft: Draft, accepted: int) -> None:
-        """Remember how far the copy got, so the next lookup continues from the same source."""
+    def observe(self, draft: Draft, accepted: int, token: int | None = None) -> None:
+        """Remember how far the copy got, so the next lookup continues from the same source.
+
+        `token` is what the target produced after the accepted part (its correction after a rejection).
+        """
         if draft.source != "ngram" or not draft.tokens or self._last_start is None:
+            self._candidate = None
             return
+        self._learn_replacement(draft, accepted, token)
         # A copy is under way when some of it was kept, or when it came from a long or continuing match
         # (then a rejection is an edit, not a coincidence). Otherwise forget the source position.
         copying = accepted > 0 or draft.continuing or draft.evidence >= 3
         self._cursor = self._last_start + accepted if copying else None
         # Guess a substitution once, after a real match broke; a failed guess is not guessed on.
-        broke = copying and accepted < len(draft.tokens) and draft.evidence > 0
+        broke = copying and accepted < len(draft.tokens) and (draft.evidence > 0 or accepted > 0)
         self._substituted = self._cursor if broke else None
+
+    def _learn_replacement(self, draft: Draft, accepted: int, token: int | None) -> None:
+        candidate, self._candidate = self._candidate, None
+        if candidate is not None and draft.continuing and accepted > 0:
+            source, replacement = candidate
+            self.replacements[source] = replacement  # the copy went on after the edit: a rename
+        if accepted >= len(draft.tokens) or token is None or accepted >= len(self._last_source):
+            return
+        original = self._last_source[accepted]
+        if self.replacements.get(original) == draft.tokens[accepted] and token == original:
+            del self.replacements[original]  # here the answer kept the original: the rename was wrong
+        elif token != original and token != draft.tokens[accepted]:
+            self._candidate = (original, token)
 
 
 # ----------------------------------------------------------------------------- draft model

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from localspec.engine.adaptive import Acceptance, CostModel, DrafterCost, best_length
+from localspec.engine.adaptive import Acceptance, CostModel, DrafterCost, best_length, margin_for
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
@@ -65,7 +65,7 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
         target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
         context.extend(draft.tokens[:accepted])
         context.append(token)
-        planner.observe(draft, accepted, verify_s, len(batch))
+        planner.observe(draft, accepted, verify_s, len(batch), token)
         yield Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
 
 
@@ -86,7 +86,9 @@ class _LazyChoices:
 # "continuing" when the match carries on the previous round's copy, or "resumed" when the copy skips
 # a token the target replaced (an edit). Measured with the default pair on edit/code/story prompts:
 # a fresh 1-token match was kept 11-28% of the time, a continuing copy ~56-94%.
-NGRAM_PRIORS = {"1": 0.15, "2": 0.3, "3": 0.45, "4": 0.55, "5": 0.7, "continuing": 0.6, "resumed": 0.3}
+# "near": a one-token match close to the previous copy, which in generated (not copied) text is
+# mostly coincidence: measured 26% on a code-generation answer while true continuations kept ~60-90%.
+NGRAM_PRIORS = {"1": 0.15, "2": 0.3, "3": 0.45, "4": 0.55, "5": 0.7, "continuing": 0.6, "near": 0.25, "resumed": 0.3}
 PLAUSIBLE_BEST_ACCEPTANCE = 0.9
 
 
@@ -123,11 +125,21 @@ class Planner:
     _probe_wait: int = 0        # rounds to wait before the next probe
 
     def __post_init__(self) -> None:
-        if self.mode not in DRAFTER_MODES:
-            raise ValueError(f"unknown drafter '{self.mode}'; choose one of {', '.join(DRAFTER_MODES)}")
+        self.configure(self.mode, self.fixed_len)
         for bucket, prior in NGRAM_PRIORS.items():
             self.ngram_acceptance.setdefault(bucket, Acceptance(prior_mean=prior, prior_strength=2.0))
         self._probe_wait = self.probe_every
+
+    def configure(self, mode: str, fixed_len: int | None) -> None:
+        """Settings of the next generation; what was learned so far is kept."""
+        if mode not in DRAFTER_MODES:
+            raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}")
+        self.mode, self.fixed_len = mode, fixed_len
+        # Requests differ (an edit copies its input, a story does not): what earlier requests taught
+        # is kept as a prior at reduced weight, so this one's own evidence takes over within a few rounds.
+        for acceptance in (self.model_acceptance, self.self_acceptance, *self.ngram_acceptance.values()):
+            acceptance.tried = [t * 0.3 for t in acceptance.tried]
+            acceptance.kept = [k * 0.3 for k in acceptance.kept]
 
     @property
     def uses_model(self) -> bool:
@@ -194,7 +206,8 @@ class Planner:
         return drafter.propose(context, k, sampler)  # type: ignore[union-attr]
 
     def _choose(self, key: str, cap: int, per_token_s: float) -> tuple[int, float]:
-        return best_length(self._acceptance(key).rates(cap), self.cost, per_token_s)
+        acceptance = self._acceptance(key)
+        return best_length(acceptance.rates(cap), self.cost, per_token_s, margin_for(acceptance.samples))
 
     def _probe(self, options) -> tuple[str, int, Draft | None] | None:
         """A one-token draft from the drafter tried least recently, when the wait is over; or None.
@@ -226,7 +239,7 @@ class Planner:
             return self.self_acceptance
         return self.ngram_acceptance[key.split(":", 1)[1]]
 
-    def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int) -> None:
+    def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None) -> None:
         if self.learn_costs:
             self.cost.observe(batch_n, verify_s)
         if not draft.tokens:
@@ -240,12 +253,14 @@ class Planner:
         elif draft.source == "ngram":
             self.ngram_acceptance[_bucket(draft)].observe(len(draft.tokens), accepted)
             if self.ngram is not None:
-                self.ngram.observe(draft, accepted)
+                self.ngram.observe(draft, accepted, token)
 
 
 def _bucket(draft: Draft) -> str:
     if draft.continuing:
-        return "continuing" if draft.evidence > 0 else "resumed"
+        if draft.evidence == 0:
+            return "resumed"
+        return "continuing" if draft.evidence >= 2 else "near"
     return str(max(1, min(draft.evidence, 5)))
 
 
