@@ -211,7 +211,9 @@ def test_concurrent_clients_all_complete(server):
 
 def test_a_client_that_disconnects_frees_the_engine_for_the_next(server):
     sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
-    body = json.dumps({"prompt": "Write a very long story.", "n_predict": 400, "stream": True}).encode()
+    # Greedy counting: the model would go on for all 400 tokens (a sampled story may end by itself).
+    counting = ", ".join(str(i) for i in range(1, 30)) + ","
+    body = json.dumps({"prompt": counting, "n_predict": 400, "temperature": 0, "stream": True}).encode()
     sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert sock.recv(200).startswith(b"HTTP/1.1 200")

@@ -172,19 +172,15 @@ class Planner:
                 else:
                     k, rate = self._choose(_ngram_key(proposal), len(proposal.tokens), 0.0)
                 options.append((rate, "ngram", k, proposal))
-        if self.uses_model:
+        for name, used, cost in (("model", self.uses_model, self.model_cost), ("self", self.uses_self, self.self_cost)):
+            if not used:
+                continue
             if self.fixed_len is not None:
-                # Fixed length in auto mode: the lookup when it found something, the model otherwise.
-                options.append((0.0 if options else float("inf"), "model", cap, None))
+                # Fixed length in auto mode: the lookup when it found something, a model otherwise.
+                options.append((0.0 if options else float("inf"), name, cap, None))
             else:
-                k, rate = self._choose("model", cap, self.model_cost.per_token_s)
-                options.append((rate, "model", k, None))
-        if self.uses_self:
-            if self.fixed_len is not None:
-                options.append((0.0 if options else float("inf"), "self", cap, None))
-            else:
-                k, rate = self._choose("self", cap, self.self_cost.per_token_s)
-                options.append((rate, "self", k, None))
+                k, rate = self._choose(name, cap, cost.per_token_s)
+                options.append((rate, name, k, None))
 
         for key in self._since_tried:
             self._since_tried[key] += 1
