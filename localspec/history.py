@@ -138,13 +138,18 @@ class History:
         if status not in STATUSES:
             raise ValueError(status)
         now = time.time()
-        with self.db:
+        self.db.execute("BEGIN")  # autocommit connection: make the message and the timestamp one change
+        try:
             cur = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, status, stats, spans, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, role, content, status, _dump(stats), _dump(spans), now),
             )
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (cur.lastrowid,)).fetchone()
         return _message(row)
 
