@@ -312,11 +312,9 @@ def search(target: Path, *, budget_s: float, prompts: Sequence[str] | None = Non
     tmp = Path(tempfile.mkdtemp(prefix="selfdraft-", dir=work_dir or _scratch(target)))
     try:
         vocab = model.vocab
-        template = ChatTemplate(model.chat_template(), vocab.text(vocab.bos) if vocab.bos >= 0 else "",
-                                vocab.text(vocab.eos) if vocab.eos >= 0 else "")
+        template = ChatTemplate.for_model(model)
         texts = list(prompts or CALIBRATION)
-        prompt_tokens = [vocab.tokenize(template.render([{"role": "user", "content": p}]), add_special=True,
-                                        parse_special=True) for p in texts]
+        prompt_tokens = [template.tokens(vocab, [{"role": "user", "content": p}]) for p in texts]
         progress(f"the target's answers to {len(texts)} calibration prompts…")
         sequences = _teacher_tokens(model, prompt_tokens, answer_tokens)
         cost = CostModel(verify_s=adaptive.calibrated_costs(model, True))

@@ -71,10 +71,7 @@ class Engine:
     @property
     def template(self) -> ChatTemplate:
         if self._template is None:
-            vocab = self.target.vocab
-            bos = vocab.text(vocab.bos) if vocab.bos >= 0 else ""
-            eos = vocab.text(vocab.eos) if vocab.eos >= 0 else ""
-            self._template = ChatTemplate(self.target.chat_template(), bos_text=bos, eos_text=eos)
+            self._template = ChatTemplate.for_model(self.target)
         return self._template
 
     @property
@@ -82,12 +79,7 @@ class Engine:
         return self.target.n_ctx
 
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
-        text = self.template.render(messages)
-        tokens = self.target.vocab.tokenize(text, add_special=True, parse_special=True)
-        bos = self.target.vocab.bos
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote BOS itself
-        return tokens
+        return self.template.tokens(self.target.vocab, messages)
 
     # ------------------------------------------------------------------ generation
 
@@ -275,7 +267,7 @@ def load(
 ) -> Engine:
     """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id)."""
     from localspec.catalog import PairSpec, load_catalog
-    from localspec.engine.backend import Model, ModelOptions, VocabFile
+    from localspec.engine.backend import Model, ModelOptions
     from localspec.pull import model_path
 
     def is_path(name: str) -> bool:
@@ -310,27 +302,9 @@ def load(
                                  f"`localspec draft make {id_or_path}`.")
 
     if draft_path is not None:
-        from localspec.catalog import check_pair
-
-        with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
-            report = check_pair(tv.vocab, dv.vocab)
-        if not report.ok:
-            from localspec.errors import IncompatiblePairError
-
-            raise IncompatiblePairError(
-                f"{draft_path.name} cannot draft for {target_path.name}: {report.first_failure}"
-            )
-
+        _require_pair(target_path, draft_path, f"{draft_path.name} cannot draft for {target_path.name}")
     if self_draft is not None:
-        from localspec.catalog import check_pair
-
-        with VocabFile(target_path) as tv, VocabFile(Path(self_draft)) as sv:
-            report = check_pair(tv.vocab, sv.vocab)
-        if not report.ok:
-            from localspec.errors import IncompatiblePairError
-
-            raise IncompatiblePairError(f"{Path(self_draft).name} is not a self-draft of {target_path.name}: "
-                                        f"{report.first_failure}")
+        _require_pair(target_path, Path(self_draft), f"{Path(self_draft).name} is not a self-draft of {target_path.name}")
 
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
     draft_model = self_model = None
@@ -347,6 +321,18 @@ def load(
             if model is not None:
                 model.close()
         raise
+
+
+def _require_pair(target_path: Path, draft_path: Path, complaint: str) -> None:
+    """llama.cpp's pairing rules on the two vocabularies (vocab-only loads), before any weights are read."""
+    from localspec.catalog import check_pair
+    from localspec.engine.backend import VocabFile
+    from localspec.errors import IncompatiblePairError
+
+    with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
+        report = check_pair(tv.vocab, dv.vocab)
+    if not report.ok:
+        raise IncompatiblePairError(f"{complaint}: {report.first_failure}")
 
 
 __all__ = ["Engine", "EngineOptions", "load", "SamplingSettings"]

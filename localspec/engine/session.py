@@ -30,6 +30,21 @@ class ChatTemplate:
         self.source = "gguf" if template else "chatml (the GGUF has no chat template)"
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos_text, bos_token=bos_text)
 
+    @classmethod
+    def for_model(cls, model) -> "ChatTemplate":
+        """The model's own template, with its BOS and EOS texts."""
+        vocab = model.vocab
+        bos = vocab.text(vocab.bos) if vocab.bos >= 0 else ""
+        eos = vocab.text(vocab.eos) if vocab.eos >= 0 else ""
+        return cls(model.chat_template(), bos_text=bos, eos_text=eos)
+
+    def tokens(self, vocab, messages: Sequence[Message]) -> list[int]:
+        """The conversation rendered and tokenized, special tokens parsed, BOS once."""
+        tokens = vocab.tokenize(self.render(messages), add_special=True, parse_special=True)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == vocab.bos:
+            tokens = tokens[1:]  # the template wrote BOS itself
+        return tokens
+
     def render(self, messages: Sequence[Message]) -> str:
         try:
             return self._formatter(messages=list(messages)).prompt
