@@ -76,6 +76,13 @@ class Served:
     def vocab(self):
         return self.engine.target.vocab
 
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """A conversation through the model's chat template; a template that rejects it is a 400."""
+        try:
+            return self.engine.chat_tokens(messages)
+        except LocalspecError as exc:
+            raise ApiError(400, str(exc)) from None
+
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None) -> SamplingSettings:
         d = SamplingSettings()
         return SamplingSettings(

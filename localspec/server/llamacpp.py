@@ -10,7 +10,7 @@ from pydantic import Field
 
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, collect, compact, fim_tokens,
-                                     guard_disconnect, speculation)
+                                     speculation)
 from localspec.server.scheduler import Limits, stop_type
 
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's

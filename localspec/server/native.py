@@ -51,10 +51,7 @@ def router(served: Served) -> APIRouter:
     @api.post("/generate")
     async def generate(body: GenerateRequest):
         if body.messages is not None:
-            try:
-                tokens = served.engine.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
-            except Exception as exc:
-                raise ApiError(400, str(exc)) from None
+            tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
         else:
             tokens = served.vocab.tokenize(body.prompt or "", add_special=True, parse_special=False)
         job = served.job(tokens, body.max_tokens, body, 0.0, "native")

@@ -103,16 +103,13 @@ def router(served: Served) -> APIRouter:
                                          "done_reason": "load"}) + b"\n", media_type="application/x-ndjson")
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
                 [{"role": "user", "content": body.prompt}]
-            tokens = served.engine.chat_tokens(messages)
+            tokens = served.chat_tokens(messages)
         return await _respond(served, request, body.model, body.options, tokens, body.stream, "generate", chat=False)
 
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        try:
-            tokens = served.engine.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
-        except Exception as exc:
-            raise ApiError(400, str(exc)) from None
+        tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
         return await _respond(served, request, body.model, body.options, tokens, body.stream, "api_chat", chat=True)
 
     return api

@@ -75,10 +75,7 @@ def router(served: Served) -> APIRouter:
         served.check_model(body.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
                     for m in body.messages]
-        try:
-            tokens = served.engine.chat_tokens(messages)
-        except Exception as exc:
-            raise ApiError(400, str(exc)) from None
+        tokens = served.chat_tokens(messages)
         limit = body.max_completion_tokens or body.max_tokens or body.n_predict
         job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat")
         prefill, events = await served.start(job)
