@@ -415,7 +415,7 @@ def draft_make(target, keep, auto, budget, calibration, out) -> None:
     measured = (f"; acceptance {plan.acceptance:.0%}, {plan.draft_ms_per_token:.1f} ms/token, predicted "
                 f"{plan.predicted_speedup:.2f}x" if plan.acceptance is not None else "")
     click.echo(f"Self-draft: {plan.file} ({_size(size)}, {len(plan.keep)} of {plan.block_count} blocks{measured}).")
-    click.echo(f"Use it with --drafter self (chat, serve, run, bench).")
+    click.echo("Use it with --drafter self (chat, serve, run, bench).")
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -13,7 +13,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from localspec.engine import backend

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import os
 import tempfile
-import time
 from pathlib import Path
 
 PROMPT = (

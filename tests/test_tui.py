@@ -1,6 +1,5 @@
 """The chat app through Textual's pilot, driven by a scripted engine (see test_tui_real for the real one)."""
 
-import asyncio
 import threading
 import time
 

@@ -21,7 +21,6 @@ from textual.widgets import Footer, Header, Static
 from localspec.config import ChatSettings, UserConfig, load_user_config
 from localspec.errors import LocalspecError
 from localspec.history import History, MessageRow
-from localspec.tui import spans as sp
 from localspec.tui.provider import LocalProvider
 from localspec.tui.screens import (ConfirmScreen, DetailsScreen, HelpScreen, ModelPicker, RenameScreen,
                                    SettingsScreen)
