@@ -375,7 +375,7 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                 "draft": engine.draft.path.name if engine.draft is not None else None,
                 "machine": platform.machine(), "threads": os.cpu_count(), "max_tokens": max_tokens,
                 "repeat": repeat, "temperatures": temps, "drafters": drafters,
-                "verify_ms": {n: round(s * 1000, 2) for n, s in sorted(engine.cost.verify_s.items())},
+                "verify_ms": {n: round(engine.cost.verify(n) * 1000, 2) for n in sorted(engine.cost.verify_s)},
                 "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()},
                 "draft_files": _draft_files(engine)}
     click.echo(b.markdown(rows))

@@ -26,6 +26,9 @@ class ToyVocab:
     def is_eog(self, token: int) -> bool:
         return token == self.eos
 
+    def is_control(self, token: int) -> bool:
+        return token in (self.bos, self.eos)
+
     def token_bytes(self, token: int) -> bytes:
         if token < 2:
             return b""

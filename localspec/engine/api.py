@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 from localspec.engine import adaptive
 from localspec.engine.adaptive import CostModel, DrafterCost
-from localspec.engine.drafters import ModelDrafter, NgramDrafter
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, SamplingSettings
@@ -29,7 +29,8 @@ from localspec.errors import ContextOverflowError, LocalspecError
 class EngineOptions:
     drafter: str = "auto"            # auto | model | self | ngram | none
     draft_len: int | None = None     # None: adaptive; N: always draft N
-    max_draft_len: int = 8
+    max_draft_len: int = 8           # longest draft from a draft model or self-draft
+    max_copy_len: int = 15           # longest n-gram copy
     draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
     calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
     learn_costs: bool = True         # refine those costs with the timings of real rounds
@@ -45,7 +46,8 @@ class Engine:
         self.self_draft = self_draft
         self.options = options or EngineOptions()
         self.kv = KvSequence(target)
-        self.ngram = NgramDrafter()
+        self.ngram = NgramDrafter(ends_copy=getattr(target.vocab, "is_control", None))
+        self.openings = OpeningDrafter()
         self.model_drafter = ModelDrafter(draft, p_min=self.options.draft_p_min) if draft is not None else None
         self.cost = cost or self._calibrated_cost()
         self.draft_cost = DrafterCost(per_token_s=draft_cost_s if draft_cost_s is not None else self._draft_cost())
@@ -138,8 +140,10 @@ class Engine:
                 cost=self.cost,
                 model=self.model_drafter,
                 ngram=self.ngram,
+                openings=self.openings,
                 fixed_len=fixed,
                 max_len=self.options.max_draft_len,
+                copy_max_len=self.options.max_copy_len,
                 model_cost=self.draft_cost,
                 learn_costs=self.options.learn_costs,
                 self_model=self.self_drafter,
@@ -151,7 +155,8 @@ class Engine:
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         vocab = self.target.vocab
         planner = self._planner_for(mode, fixed)
-        self.ngram.reset()
+        self.ngram.reset(prompt_len=len(prompt))
+        self.openings.start(prompt)
 
         t0 = time.perf_counter()
         keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
@@ -166,6 +171,7 @@ class Engine:
         stream = TextStream(stop)
         tally = Tally()
         context = list(prompt)
+        emitted: list[int] = []
         generated = 0
         t_start = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
@@ -182,6 +188,9 @@ class Engine:
                 if generated >= max_tokens:
                     ended = "length"
                     break
+            if len(emitted) < self.openings.length:
+                emitted.extend(kept)
+                self.openings.remember(emitted)  # (in every mode: a plain answer shows how answers open too)
             accepted = tuple(kept[:step.accepted])
             token = kept[step.accepted] if len(kept) > step.accepted else None
             rejected = tuple(draft_tokens[step.accepted:]) if ended is None or token is not None else ()

@@ -194,6 +194,7 @@ class Vocab:
         self.fim_sep = L.llama_vocab_fim_sep(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._control: dict[int, bool] = {}
 
     def text(self, token: int) -> str:
         raw = L.llama_vocab_get_text(self._vocab, token)
@@ -203,6 +204,12 @@ class Vocab:
         if token not in self._eog:
             self._eog[token] = bool(L.llama_vocab_is_eog(self._vocab, token))
         return self._eog[token]
+
+    def is_control(self, token: int) -> bool:
+        """A control token of the chat template (turn markers, end of text), never text."""
+        if token not in self._control:
+            self._control[token] = bool(L.llama_vocab_is_control(self._vocab, token)) or self.is_eog(token)
+        return self._control[token]
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token adds to the output text (special tokens add none)."""

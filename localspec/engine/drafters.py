@@ -8,8 +8,9 @@ token) so that sampling can be verified exactly; a lookup drafter returns none (
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -24,6 +25,9 @@ class Draft:
     source: str = "none"          # "model", "ngram" or "none"
     evidence: int = 0             # n-gram match length behind the proposal
     continuing: bool = False      # n-gram: the match carries on the previous round's copy
+    age: int = 0                  # n-gram: tokens before the proposal that agree with its source
+    from_prompt: bool = False     # n-gram: copied from the prompt (the text being edited), not the answer
+    opening: bool = False         # n-gram: how this session's other answers began, not a copy of this context
     seconds: float = 0.0
     per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
 
@@ -53,27 +57,35 @@ class NgramDrafter:
     next proposal skips that token in the source. So the copy re-aligns right after an edit instead
     of jumping to an unrelated occurrence. Otherwise the longest match, latest occurrence, wins.
 
-    A replacement that the copy then carried on past is remembered (source token -> the target's),
-    and applied to later copies: a variable renamed once is renamed at every later occurrence
-    instead of breaking the copy each time. The target rejecting a remembered replacement in favour
-    of the original token forgets it.
+    Each proposal carries the copy's age (how many tokens before it already agree with the source)
+    and whether it copies the prompt or the answer: the planner prices copies by both. A token the
+    answer replaced with agreement on both sides is a rename (source token -> the answer's), applied
+    to later copies: a variable renamed once is renamed at every later occurrence instead of breaking
+    the copy each time. The target rejecting a remembered rename for the original token forgets it.
     """
 
     name = "ngram"
     realign_window = 16  # how far past the previous copy's end a match still counts as its continuation
+    max_age = 64         # a copy's age is counted up to this many tokens
 
-    def __init__(self, max_ngram: int = 6, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 6, min_ngram: int = 1, ends_copy: Callable[[int], bool] | None = None):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        # Control tokens (a turn's end, the next turn's header): a copy stops after the first one, since
+        # an answer copying its prompt to the end goes on with its own text, not the template's.
+        self.ends_copy = ends_copy
         self._cursor: int | None = None       # source position the copy should continue from
         self._substituted: int | None = None  # source position of a copied token the target replaced
         self._last_start: int | None = None   # where the last proposal was copied from
         self._last_source: list[int] = []     # the source tokens behind the last proposal
         self._continuing = False
+        self._age = 0
+        self.prompt_len = 0  # tokens of the request's prompt at the start of the context
         self.replacements: dict[int, int] = {}   # source token -> the token the answer uses instead
-        self._candidate: tuple[int, int] | None = None  # a replacement seen once, not yet confirmed
+        self._candidate: tuple[int, int] | None = None  # (source token, the target's token) from a rejected draft
 
-    def reset(self) -> None:
+    def reset(self, prompt_len: int = 0) -> None:
+        self.prompt_len = prompt_len
         self._cursor = self._substituted = self._last_start = None
         self._last_source = []
         self._continuing = False
@@ -121,15 +133,55 @@ class NgramDrafter:
 
     def _copy(self, arr: np.ndarray, start: int, max_len: int, *, continuing: bool) -> list[int]:
         self._last_start, self._continuing = start, continuing
+        self._age = self._agreeing_before(arr, start)
         self._last_source = arr[start:min(start + max_len, len(arr))].tolist()
+        if self.ends_copy is not None:
+            end = next((i for i, t in enumerate(self._last_source) if self.ends_copy(t)), None)
+            if end is not None:
+                del self._last_source[end + 1:]
         if not self.replacements:
             return list(self._last_source)
         return [self.replacements.get(t, t) for t in self._last_source]
+
+    def _agreeing_before(self, arr: np.ndarray, start: int) -> int:
+        """How many tokens before `start` the text's ending reproduces (through the learned renames):
+        the age of the copy. A copy that has already run long tends to keep running.
+
+        A differing token on the way may be a rename (see `_is_rename`): it is learned here, so later
+        copies apply it, and the walk goes on through it."""
+        n, age = len(arr), 0
+        while age < self.max_age and start - 1 - age >= 0:
+            source, written = int(arr[start - 1 - age]), int(arr[n - 1 - age])
+            if self.replacements.get(source, source) != written and source != written:
+                if not self._is_rename(arr, start - 1 - age, n - 1 - age, agreeing_after=age):
+                    break
+                self.replacements[source] = written
+            age += 1
+        return age
+
+    def _is_rename(self, arr: np.ndarray, source_at: int, written_at: int, agreeing_after: int) -> bool:
+        """One differing token with agreement on both sides: two agreeing tokens after it and three
+        before (the answer renamed something while nothing was being drafted, say in its first line),
+        or one after it when the target rejected a draft's token for this one. A rejected token alone
+        is no rename: the target may be inserting there (a type hint after a parameter)."""
+        if agreeing_after >= 1 and self._candidate == (int(arr[source_at]), int(arr[written_at])):
+            return True
+        return agreeing_after >= 2 and self._agree(arr, source_at - 1, written_at - 1, 3)
+
+    def _agree(self, arr: np.ndarray, source_end: int, written_end: int, count: int) -> bool:
+        if source_end - count + 1 < 0:
+            return False
+        for j in range(count):
+            source, written = int(arr[source_end - j]), int(arr[written_end - j])
+            if source != written and self.replacements.get(source) != written:
+                return False
+        return True
 
     def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
         t0 = time.perf_counter()
         tokens, evidence = self.lookup(context, max_len)
         return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
+                     age=self._age if tokens else 0, from_prompt=bool(tokens) and self._last_start < self.prompt_len,
                      seconds=time.perf_counter() - t0)
 
     def observe(self, draft: Draft, accepted: int, token: int | None = None) -> None:
@@ -150,10 +202,7 @@ class NgramDrafter:
         self._substituted = self._cursor if broke else None
 
     def _learn_replacement(self, draft: Draft, accepted: int, token: int | None) -> None:
-        candidate, self._candidate = self._candidate, None
-        if candidate is not None and draft.continuing and accepted > 0:
-            source, replacement = candidate
-            self.replacements[source] = replacement  # the copy went on after the edit: a rename
+        self._candidate = None
         if accepted >= len(draft.tokens) or token is None or accepted >= len(self._last_source):
             return
         original = self._last_source[accepted]
@@ -161,6 +210,60 @@ class NgramDrafter:
             del self.replacements[original]  # here the answer kept the original: the rename was wrong
         elif token != original and token != draft.tokens[accepted]:
             self._candidate = (original, token)
+
+
+class OpeningDrafter:
+    """How this session's answers begin, proposed at the start of the next answer.
+
+    An answer opens before it can copy anything (a code fence, "Here is"), and those first tokens
+    cost plain decoding. Answers in one session tend to open alike, so the first `length` tokens of
+    each answer are remembered by the conversation they answered, for the `keep` latest
+    conversations (a session moving from code to stories should stop opening with a code fence). A
+    new answer is offered the continuation that at least `support` other conversations' answers agree
+    on, each token's chance from the vote (5 of 6 answers went on with it: (5 + 1) / (6 + 2)), unless
+    the two latest of them went another way (the session changed subject). Answers to the same conversation never count: a regenerated answer, or a benchmark's plain run
+    of the same prompt, must not feed the next.
+    """
+
+    def __init__(self, length: int = 8, support: int = 2, keep: int = 6):
+        self.length, self.support, self.keep = length, support, keep
+        self._openings: dict[int, list[int]] = {}   # conversation -> its latest answer's first tokens
+        self._conversation = 0
+        self._prompt_len = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self._conversation = hash(tuple(prompt))
+        self._prompt_len = len(prompt)
+
+    def remember(self, answer: Sequence[int]) -> None:
+        if answer:
+            self._openings.pop(self._conversation, None)
+            self._openings[self._conversation] = list(answer[:self.length])
+            while len(self._openings) > self.keep:
+                del self._openings[next(iter(self._openings))]
+
+    def propose(self, context: Sequence[int], max_len: int) -> tuple[Draft, list[float]]:
+        """The proposal and, per token, the chance it is kept."""
+        answer = list(context[self._prompt_len:])
+        if len(answer) >= self.length or max_len <= 0:
+            return Draft.empty(), []
+        others = [o for key, o in self._openings.items() if key != self._conversation and o[:len(answer)] == answer]
+        tokens: list[int] = []
+        rates: list[float] = []
+        at = len(answer)
+        while len(tokens) < max_len and at < self.length:
+            votes = Counter(o[at] for o in others if len(o) > at)
+            if not votes:
+                break
+            token, count = votes.most_common(1)[0]
+            latest = [o for o in others[-2:] if len(o) > at]
+            if count < self.support or (len(latest) == 2 and all(o[at] != token for o in latest)):
+                break  # too few agree, or the two latest answers went another way: the subject changed
+            tokens.append(token)
+            rates.append((count + 1) / (len(others) + 2))
+            others = [o for o in others if len(o) > at and o[at] == token]
+            at += 1
+        return (Draft(tokens=tokens, source="ngram", opening=True), rates) if tokens else (Draft.empty(), [])
 
 
 # ----------------------------------------------------------------------------- draft model

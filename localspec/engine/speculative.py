@@ -16,8 +16,9 @@ from typing import Iterator
 
 import numpy as np
 
-from localspec.engine.adaptive import Acceptance, CostModel, DrafterCost, best_length, margin_for
-from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, PROMPT_COPY_PRIORS, Acceptance, CopyAcceptance, CostModel,
+                                       DrafterCost, best_length, margin_for)
+from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
 
@@ -82,13 +83,6 @@ class _LazyChoices:
 # ----------------------------------------------------------------------------- planning
 
 
-# Prior acceptance of n-gram drafts by the evidence behind them: the match length (5 = 5 or more),
-# "continuing" when the match carries on the previous round's copy, or "resumed" when the copy skips
-# a token the target replaced (an edit). Measured with the default pair on edit/code/story prompts:
-# a fresh 1-token match was kept 11-28% of the time, a continuing copy ~56-94%.
-# "near": a one-token match close to the previous copy, which in generated (not copied) text is
-# mostly coincidence: measured 26% on a code-generation answer while true continuations kept ~60-90%.
-NGRAM_PRIORS = {"1": 0.15, "2": 0.3, "3": 0.45, "4": 0.55, "5": 0.7, "continuing": 0.6, "near": 0.25, "resumed": 0.3}
 PLAUSIBLE_BEST_ACCEPTANCE = 0.9
 
 
@@ -109,8 +103,11 @@ class Planner:
     cost: CostModel
     model: ModelDrafter | None = None
     ngram: NgramDrafter | None = None
+    openings: OpeningDrafter | None = None      # how this session's other answers began
     fixed_len: int | None = None
-    max_len: int = 8
+    max_len: int = 8            # longest model draft
+    copy_max_len: int = 15      # longest n-gram copy (free to draft; 16 positions batch well on CPUs)
+    copy_min_len: int = 3       # a copy may always draft this many, however young
     probe_every: int = 16
     max_probe_every: int = 256
     learn_costs: bool = True
@@ -119,15 +116,15 @@ class Planner:
     self_model: ModelDrafter | None = None      # a draft built from the target's own layers
     self_cost: DrafterCost = field(default_factory=DrafterCost)
     self_acceptance: Acceptance = field(default_factory=lambda: Acceptance(prior_mean=0.6, prior_strength=3.0))
-    ngram_acceptance: dict[str, Acceptance] = field(default_factory=dict)
-    _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter/evidence key drafted
+    # n-gram copies by age, of the prompt (True) and of the answer (False)
+    copy_acceptance: dict[bool, CopyAcceptance] = field(default_factory=lambda: {
+        True: CopyAcceptance(priors=PROMPT_COPY_PRIORS), False: CopyAcceptance(priors=ANSWER_COPY_PRIORS)})
+    _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each model drafter drafted
     _waited: int = 0            # rounds without a draft worth making since the last probe
     _probe_wait: int = 0        # rounds to wait before the next probe
 
     def __post_init__(self) -> None:
         self.configure(self.mode, self.fixed_len)
-        for bucket, prior in NGRAM_PRIORS.items():
-            self.ngram_acceptance.setdefault(bucket, Acceptance(prior_mean=prior, prior_strength=2.0))
         self._probe_wait = self.probe_every
 
     def configure(self, mode: str, fixed_len: int | None) -> None:
@@ -135,11 +132,15 @@ class Planner:
         if mode not in DRAFTER_MODES:
             raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}")
         self.mode, self.fixed_len = mode, fixed_len
-        # Requests differ (an edit copies its input, a story does not): what earlier requests taught
-        # is kept as a prior at reduced weight, so this one's own evidence takes over within a few rounds.
-        for acceptance in (self.model_acceptance, self.self_acceptance, *self.ngram_acceptance.values()):
+        # What earlier requests taught about a model drafter is kept as a prior at reduced weight, so
+        # this request's own evidence takes over within a few rounds. Copies start from their priors:
+        # requests differ most there (an edit copies its input, a story does not), and carrying an
+        # edit's record into a code question drafted its prompt's words there at a loss (measured).
+        for acceptance in (self.model_acceptance, self.self_acceptance):
             acceptance.tried = [t * 0.3 for t in acceptance.tried]
             acceptance.kept = [k * 0.3 for k in acceptance.kept]
+        for copies in self.copy_acceptance.values():
+            copies.forget()
 
     @property
     def uses_model(self) -> bool:
@@ -165,13 +166,19 @@ class Planner:
             return Draft.empty()
         options: list[tuple[float, str, int, Draft | None]] = []  # (rate, drafter, length, lookup result)
         if self.uses_ngram:
-            proposal = self.ngram.propose(context, cap, sampler)  # type: ignore[union-attr]
+            copy_cap = min(self.fixed_len if self.fixed_len is not None else self.copy_max_len, room)
+            proposal = self.ngram.propose(context, copy_cap, sampler)  # type: ignore[union-attr]
             if proposal.tokens:
                 if self.fixed_len is not None:
                     k, rate = len(proposal.tokens), float("inf")
                 else:
-                    k, rate = self._choose(_ngram_key(proposal), len(proposal.tokens), 0.0)
+                    k, rate = self._choose_copy(proposal)
                 options.append((rate, "ngram", k, proposal))
+            if self.openings is not None and self.fixed_len is None:
+                opening, rates = self.openings.propose(context, copy_cap)
+                if opening.tokens:
+                    k, rate = best_length(rates, self.cost, 0.0)
+                    options.append((rate, "ngram", k, opening))
         for name, used, cost in (("model", self.uses_model, self.model_cost), ("self", self.uses_self, self.self_cost)):
             if not used:
                 continue
@@ -195,45 +202,49 @@ class Planner:
             name, k, proposal = probe
         if proposal is not None:
             proposal.tokens = proposal.tokens[:k]
-            self._since_tried[_ngram_key(proposal)] = 0
             return proposal
         self._since_tried[name] = 0
         drafter = self.self_model if name == "self" else self.model
         return drafter.propose(context, k, sampler)  # type: ignore[union-attr]
+
+    def _choose_copy(self, proposal: Draft) -> tuple[int, float]:
+        """Length of an n-gram copy: priced by what copies of each age did, and no longer than twice
+        its age (a copy earns its length: a young one drafted long mostly wasted the batch)."""
+        copies = self.copy_acceptance[proposal.from_prompt]
+        longest = min(len(proposal.tokens), max(self.copy_min_len, 2 * proposal.age))
+        return best_length(copies.rates(proposal.age, longest), self.cost, 0.0, margin_for(copies.samples(proposal.age)))
 
     def _choose(self, key: str, cap: int, per_token_s: float) -> tuple[int, float]:
         acceptance = self._acceptance(key)
         return best_length(acceptance.rates(cap), self.cost, per_token_s, margin_for(acceptance.samples))
 
     def _probe(self, options) -> tuple[str, int, Draft | None] | None:
-        """A one-token draft from the drafter tried least recently, when the wait is over; or None.
+        """A one-token draft from the model drafter tried least recently, when the wait is over; or None.
 
         Probes cost real time (a model draft must first catch up on everything decoded since), and a
-        drafter that cannot pay on this machine even when nearly always right is never probed.
+        drafter that cannot pay on this machine even when nearly always right is never probed. Lookups
+        are not probed: each request starts again from the priors of copies by age, and probing the
+        young copies that were judged not worth drafting cost code answers 3% (measured).
         """
         self._waited += 1
         if self._waited < self._probe_wait:
             return None
         candidates = []
         for _rate, name, _k, proposal in options:
-            key = name if proposal is None else _ngram_key(proposal)
-            per_token = 0.0 if proposal is not None else (self.self_cost if name == "self" else self.model_cost).per_token_s
-            cap = len(proposal.tokens) if proposal is not None else self.max_len
-            if best_length([PLAUSIBLE_BEST_ACCEPTANCE] * cap, self.cost, per_token)[0] > 0:
-                candidates.append((self._since_tried.get(key, 10**9), name, proposal))  # never tried: first
+            if proposal is not None:
+                continue
+            per_token = (self.self_cost if name == "self" else self.model_cost).per_token_s
+            if best_length([PLAUSIBLE_BEST_ACCEPTANCE] * self.max_len, self.cost, per_token)[0] > 0:
+                candidates.append((self._since_tried.get(name, 10**9), name))  # never tried: first
         if not candidates:
             return None
-        _since, name, proposal = max(candidates, key=lambda c: c[0])
+        _since, name = max(candidates, key=lambda c: c[0])
         self._waited = 0
         self._probe_wait = min(self._probe_wait * 2, self.max_probe_every)
-        return name, 1, proposal
+        return name, 1, None
 
     def _acceptance(self, key: str) -> Acceptance:
-        if key == "model":
-            return self.model_acceptance
-        if key == "self":
-            return self.self_acceptance
-        return self.ngram_acceptance[key.split(":", 1)[1]]
+        return self.model_acceptance if key == "model" else self.self_acceptance
 
     def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None) -> None:
         if self.learn_costs:
@@ -246,19 +257,9 @@ class Planner:
             acceptance.observe(len(draft.tokens), accepted)
             if draft.per_token_s is not None and self.learn_costs:
                 cost.observe(1, draft.per_token_s)
-        elif draft.source == "ngram":
-            self.ngram_acceptance[_bucket(draft)].observe(len(draft.tokens), accepted)
+        elif draft.source == "ngram" and not draft.opening:
+            self.copy_acceptance[draft.from_prompt].observe(draft.age, len(draft.tokens), accepted)
             if self.ngram is not None:
                 self.ngram.observe(draft, accepted, token)
 
 
-def _bucket(draft: Draft) -> str:
-    if draft.continuing:
-        if draft.evidence == 0:
-            return "resumed"
-        return "continuing" if draft.evidence >= 2 else "near"
-    return str(max(1, min(draft.evidence, 5)))
-
-
-def _ngram_key(draft: Draft) -> str:
-    return f"ngram:{_bucket(draft)}"

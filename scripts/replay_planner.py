@@ -1,0 +1,106 @@
+"""Replay the planner offline on recorded greedy answers, to try planner changes in seconds.
+
+A greedy answer does not depend on how it was drafted (up to llama.cpp's batched-kernel rounding), so
+once the plain answers and the target's verify costs are recorded, any n-gram planning policy can be
+replayed against them: each round's draft is kept as far as it agrees with the recorded answer, and
+costs the recorded price of verifying its batch. On the edit suite the replay predicted 1.47x where
+`localspec bench` measured 1.54x (two repeats; single runs of nearly the same planner 1.41-1.47x):
+use it to rank ideas, and the bench to measure them. It replays n-gram drafting only (copies,
+renames, session openings), which is all that pays on a CPU.
+
+    python scripts/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
+    python scripts/replay_planner.py replay answers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
+
+from localspec.engine.adaptive import CostModel, measure_verify_costs
+from localspec.engine.drafters import NgramDrafter, OpeningDrafter
+from localspec.engine.speculative import Planner
+
+
+def record(entry: str, out: str, suites: list[str], max_tokens: int) -> None:
+    from localspec import load
+    from localspec.bench import load_suites
+    from localspec.engine.events import answer_tokens
+    from localspec.engine.sampling import SamplingSettings
+
+    engine = load(entry, n_ctx=2048)
+    vocab = engine.target.vocab
+    data = {"eos": vocab.eos, "control": [t for t in range(vocab.n_tokens) if vocab.is_control(t)],
+            "verify_s": {}, "answers": []}
+    for prompt in load_suites(suites):
+        messages = [{"role": "user", "content": prompt.text}]
+        events = list(engine.chat(messages, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
+                                  drafter="none"))
+        data["answers"].append({"id": prompt.id, "suite": prompt.suite, "prompt": engine.chat_tokens(messages),
+                                "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog"})
+        print(f"{prompt.id}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
+    data["verify_s"] = measure_verify_costs(engine.target, context_tokens=200, repeats=3)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def replay(data: dict) -> dict[str, list[float]]:
+    """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
+    costs = {int(n): s for n, s in data["verify_s"].items()}
+    control = set(data["control"])
+    planner = Planner(mode="ngram", cost=CostModel(dict(costs)), ngram=NgramDrafter(ends_copy=control.__contains__),
+                      openings=OpeningDrafter(), learn_costs=False)
+    price = CostModel(dict(costs))
+    speedups: dict[str, list[float]] = {}
+    for item in data["answers"]:
+        planner.configure("ngram", None)
+        planner.ngram.reset(prompt_len=len(item["prompt"]))
+        planner.openings.start(item["prompt"])
+        planner.openings.remember(item["answer"])      # the plain run comes first, as in the bench
+        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        context, seconds = list(item["prompt"]), 0.0
+        while len(context) - len(item["prompt"]) < len(truth):
+            at = len(context) - len(item["prompt"])
+            draft = planner.draft(context, 10**6, None)
+            kept = 0
+            while kept < len(draft.tokens) and at + kept < len(truth) and draft.tokens[kept] == truth[at + kept]:
+                kept += 1
+            token = truth[at + kept] if at + kept < len(truth) else None
+            cost = price.verify(len(draft.tokens) + 1)
+            seconds += cost
+            planner.observe(draft, kept, cost, len(draft.tokens) + 1, token)
+            context.extend(draft.tokens[:kept])
+            if token is None:
+                break
+            context.append(token)
+        speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / seconds)
+    return speedups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="generate the plain answers and measure verify costs")
+    rec.add_argument("entry")
+    rec.add_argument("out")
+    rec.add_argument("--suite", default="edit,code,creative")
+    rec.add_argument("--max-tokens", type=int, default=128)
+    rep = sub.add_parser("replay", help="replay the planner on recorded answers")
+    rep.add_argument("recorded")
+    args = parser.parse_args()
+    if args.command == "record":
+        record(args.entry, args.out, args.suite.split(","), args.max_tokens)
+        return
+    with open(args.recorded, encoding="utf-8") as f:
+        speedups = replay(json.load(f))
+    for suite, values in speedups.items():
+        print(f"{suite:10} median {statistics.median(values):.2f}x  "
+              f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} answers)")
+
+
+if __name__ == "__main__":
+    main()
