@@ -35,21 +35,22 @@ class CostModel:
     cheap by comparison.
     """
 
-    verify_s: dict[int, float]
+    verify_s: dict[int, float]  # the calibration; real rounds move `scale`, never these
     alpha: float = 0.05  # weight of a new observation in the speed factor
     scale: float = 1.0
 
-    def verify(self, n: int) -> float:
-        """Interpolated over a table that is never cheaper for a larger batch and never dearer for a
-        smaller one: one slow calibration sample cannot make a batch size look dearer than larger ones."""
-        return self.scale * self._interpolate(n, self._table())
-
-    def _table(self) -> dict[int, float]:
-        table, lowest = {}, math.inf
+    def __post_init__(self) -> None:
+        # Never cheaper for a larger batch, never dearer for a smaller one: one slow calibration sample
+        # cannot make a batch size look dearer than larger ones. Derived once: verify() is on the hot path.
+        self._table: dict[int, float] = {}
+        lowest = math.inf
         for m in sorted(self.verify_s, reverse=True):
             lowest = min(lowest, self.verify_s[m])
-            table[m] = lowest
-        return table
+            self._table[m] = lowest
+
+    def verify(self, n: int) -> float:
+        """Interpolated over the calibrated table, times the learned speed factor."""
+        return self.scale * self._interpolate(n, self._table)
 
     @staticmethod
     def _interpolate(n: int, table: dict[int, float]) -> float:

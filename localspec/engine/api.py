@@ -131,9 +131,9 @@ class Engine:
             self._lock.release()
 
     def _planner_for(self, mode: str, fixed: int | None) -> Planner:
-        """One planner for the engine's lifetime: what it learned about acceptance (by drafter, by the
-        evidence behind an n-gram match) and its probing back-off carry over from one request to the
-        next, instead of every short answer starting from the priors again."""
+        """One planner for the engine's lifetime: what it learned about the model drafters' acceptance
+        and its probing back-off carry over from one request to the next (copies restart from their
+        priors each request, see `Planner.configure`)."""
         if self._planner is None:
             self._planner = Planner(
                 mode=mode,

@@ -221,8 +221,9 @@ class OpeningDrafter:
     conversations (a session moving from code to stories should stop opening with a code fence). A
     new answer is offered the continuation that at least `support` other conversations' answers agree
     on, each token's chance from the vote (5 of 6 answers went on with it: (5 + 1) / (6 + 2)), unless
-    the two latest of them went another way (the session changed subject). Answers to the same conversation never count: a regenerated answer, or a benchmark's plain run
-    of the same prompt, must not feed the next.
+    the two latest of them went another way (the session changed subject). Answers to the same
+    conversation never count: a regenerated answer, or a benchmark's plain run of the same prompt,
+    must not feed the next.
     """
 
     def __init__(self, length: int = 8, support: int = 2, keep: int = 6):

@@ -128,7 +128,7 @@ class Planner:
         self._probe_wait = self.probe_every
 
     def configure(self, mode: str, fixed_len: int | None) -> None:
-        """Settings of the next generation; what was learned so far is kept."""
+        """Settings of the next generation, and how much of what was learned it starts from."""
         if mode not in DRAFTER_MODES:
             raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}")
         self.mode, self.fixed_len = mode, fixed_len
@@ -212,7 +212,8 @@ class Planner:
         its age (a copy earns its length: a young one drafted long mostly wasted the batch)."""
         copies = self.copy_acceptance[proposal.from_prompt]
         longest = min(len(proposal.tokens), max(self.copy_min_len, 2 * proposal.age))
-        return best_length(copies.rates(proposal.age, longest), self.cost, 0.0, margin_for(copies.samples(proposal.age)))
+        return best_length(copies.rates(proposal.age, longest), self.cost, 0.0,
+                           margin_for(copies.samples(proposal.age)))
 
     def _choose(self, key: str, cap: int, per_token_s: float) -> tuple[int, float]:
         acceptance = self._acceptance(key)
