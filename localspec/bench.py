@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -69,6 +70,8 @@ class Run:
     drafting_rounds: int = 0
     kept_by_position: list[int] = field(default_factory=list)
     tried_by_position: list[int] = field(default_factory=list)
+    first_token_s: float = 0.0     # request to first answer token; with `cold`, the whole prompt is in it
+    cold: bool = False             # started from an empty cache
 
 
 # ----------------------------------------------------------------------------- running
@@ -78,10 +81,13 @@ def _seed(prompt: Prompt, repeat: int) -> int:
     return int(hashlib.sha256(f"{prompt.id}/{repeat}".encode()).hexdigest()[:8], 16)
 
 
-def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat: int, max_tokens: int) -> Run:
+def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat: int, max_tokens: int,
+               cold: bool = False) -> Run:
     from localspec.engine.events import Summary, answer_tokens
     from localspec.engine.sampling import SamplingSettings
 
+    if cold:
+        engine.reset()
     sampling = SamplingSettings(temperature=temperature, seed=_seed(prompt, repeat))
     messages = [{"role": "user", "content": prompt.text}]
     events = list(engine.chat(messages, max_tokens=max_tokens, sampling=sampling,
@@ -94,30 +100,36 @@ def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat:
                tokens=answer_tokens(events), generated=s.generated_tokens, seconds=s.wall_s,
                tokens_per_s=s.tokens_per_s, drafted=s.drafted, accepted=s.accepted, rounds=s.rounds,
                drafting_rounds=s.rounds - s.rounds_by_drafter.get("none", 0),
-               kept_by_position=kept, tried_by_position=tried)
+               kept_by_position=kept, tried_by_position=tried, first_token_s=s.first_token_s, cold=cold)
 
 
 class LlamaPeer:
-    """llama-cpp-python's own `Llama` on the same target file, plain or with its prompt-lookup draft."""
+    """llama-cpp-python's own `Llama` on the same target file, plain or with its prompt-lookup draft.
 
-    def __init__(self, path: Path, n_ctx: int):
+    Plain is constructed as a user would (no draft, so no logits kept for every position), with every
+    core: the fastest plain `Llama` there is (its default is half the cores)."""
+
+    def __init__(self, path: Path, n_ctx: int, lookup: bool = False):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        threads = os.cpu_count() or 1  # Llama's default is half the cores; localspec uses all of them
-        self.lookup = LlamaPromptLookupDecoding(num_pred_tokens=10)
-        # Constructed with its draft so that Llama keeps logits for every position, as drafting needs;
-        # the plain runs set draft_model to None (one token per step: the same work either way).
+        threads = os.cpu_count() or 1
+        self.lookup = lookup
         self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                         draft_model=self.lookup)
+                         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None)
+
+    @property
+    def variant(self) -> str:
+        return PEERS[1] if self.lookup else PEERS[0]
 
     def run(self, tokens: list[int], prompt: Prompt, temperature: float, repeat: int, max_tokens: int,
-            is_eog: Callable[[int], bool], lookup: bool = False) -> Run:
+            is_eog: Callable[[int], bool], cold: bool = False) -> Run:
         llm = self.llm
-        llm.draft_model = self.lookup if lookup else None
         # Keep the evaluated prompt (as llama-cpp-python's own prefix reuse would); drop the last answer.
         keep = len(tokens) - 1
-        if llm.n_tokens > keep or list(llm.input_ids[:min(llm.n_tokens, keep)]) != tokens[:min(llm.n_tokens, keep)]:
+        t_request = time.perf_counter()
+        if cold or llm.n_tokens > keep or \
+                list(llm.input_ids[:min(llm.n_tokens, keep)]) != tokens[:min(llm.n_tokens, keep)]:
             llm.reset()
         if llm.n_tokens < keep:
             llm.eval(tokens[llm.n_tokens:keep])
@@ -127,7 +139,10 @@ class LlamaPeer:
                                                                      "min_p": 0.05}
         if temperature > 0:
             llm.set_seed(_seed(prompt, repeat))
+        first_token_s = 0.0
         for tok in llm.generate(tokens[-1:], reset=False, **kwargs):
+            if not out:
+                first_token_s = time.perf_counter() - t_request
             if is_eog(tok):
                 break
             out.append(tok)
@@ -135,45 +150,62 @@ class LlamaPeer:
                 break
         seconds = time.perf_counter() - t0
         llm.n_tokens = keep  # forget the answer (and the pending last prompt token) for the next run
-        return Run(suite=prompt.suite, prompt=prompt.id, variant=PEERS[1] if lookup else PEERS[0],
+        return Run(suite=prompt.suite, prompt=prompt.id, variant=self.variant,
                    temperature=temperature, repeat=repeat, tokens=out, generated=len(out), seconds=seconds,
-                   tokens_per_s=len(out) / seconds if seconds > 0 else 0.0)
+                   tokens_per_s=len(out) / seconds if seconds > 0 else 0.0, first_token_s=first_token_s, cold=cold)
 
     def close(self) -> None:
         self.llm.close()
 
 
-def speculative_simple_peer(target: Path, draft: Path | None, prompt_text: str, prompt: Prompt, repeat: int,
-                            max_tokens: int) -> Run | None:
-    """llama.cpp's `llama-speculative-simple`, when it is on PATH (greedy; its own timing line)."""
-    binary = shutil.which("llama-speculative-simple")
-    if binary is None or draft is None:
-        return None
-    cmd = [binary, "-m", str(target), "-md", str(draft), "-p", prompt_text, "-n", str(max_tokens), "--temp", "0",
-           "-t", str(os.cpu_count() or 1)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    import re
-
-    match = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s*s", proc.stderr + proc.stdout)
-    if not match:
-        return None
+def speculative_simple_peer(target: Path, draft: Path, prompt_text: str, prompt: Prompt, repeat: int,
+                            max_tokens: int, n_ctx: int) -> Run:
+    """llama.cpp's `llama-speculative-simple` with the same pair and the chat-templated prompt (greedy;
+    its own timing line). Raises PeerFailed with the reason when it cannot run."""
+    binary = shutil.which(PEERS[2])
+    if binary is None:
+        raise PeerFailed(f"{PEERS[2]} is not on PATH")
+    # This llama.cpp picks the drafting method with --spec-type; without it a plain draft model is not
+    # used ("failed to initialize speculative decoding").
+    cmd = [binary, "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-p", prompt_text,
+           "-n", str(max_tokens), "--temp", "0", "-c", str(n_ctx), "-t", str(os.cpu_count() or 1)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PeerFailed(f"{PEERS[2]} did not run: {exc}") from None
+    output = proc.stderr + proc.stdout
+    match = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s*s", output)
+    if proc.returncode != 0 or not match:
+        last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
+        raise PeerFailed(f"{PEERS[2]} exited with {proc.returncode}: {last[0][:200]}")
     n, seconds = int(match.group(1)), float(match.group(2))
     return Run(suite=prompt.suite, prompt=prompt.id, variant=PEERS[2], temperature=0.0, repeat=repeat, tokens=[],
                generated=n, seconds=seconds, tokens_per_s=n / seconds if seconds else 0.0)
 
 
+class PeerFailed(Exception):
+    """A peer that could not run, and why (the report says so instead of dropping it)."""
+
+
 def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: list[float], max_tokens: int,
           repeat: int, peers: bool, peer_prompts: int = 4,
-          progress: Callable[[str], None] = lambda _m: None) -> list[Run]:
-    """Every prompt x temperature x repeat: plain then each drafter, back to back; right after them,
-    on the first `peer_prompts` prompts of each suite, the peers (greedy), so that they too are
-    compared with runs made moments apart."""
+          progress: Callable[[str], None] = lambda _m: None) -> tuple[list[Run], dict[str, str]]:
+    """Every prompt x temperature x repeat: localspec plain, each drafter and (with `peers`) `Llama`
+    plain back to back, in the reverse order on every other prompt (order alone moves a figure by up
+    to ~10% on small machines). The first repeat of each variant at the first temperature starts from
+    an empty cache, so its time to first token includes the whole prompt. On the first `peer_prompts`
+    prompts of each suite, the other peers follow (greedy). Returns the runs and, for each peer that
+    could not run, why."""
     runs: list[Run] = []
+    notes: dict[str, str] = {}
     chosen = {p.id for p in prompts if p.index < peer_prompts} if peers else set()
-    total = len(prompts) * len(temperatures) * repeat * (1 + len(drafters)) + 2 * repeat * len(chosen)
+    sides = ["plain", *drafters] + (["llama"] if peers else [])
+    total = len(prompts) * len(temperatures) * repeat * len(sides) + repeat * len(chosen)
     done = 0
     t0 = time.perf_counter()
-    peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if chosen else None
+    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if peers else None
+    lookup_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx, lookup=True) if chosen else None
+    is_eog = engine.target.vocab.is_eog
 
     def note(run: Run) -> None:
         nonlocal done
@@ -184,28 +216,38 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
                  f"  {run.accepted}/{run.drafted} accepted  (about {eta / 60:.1f} min left)")
 
     try:
-        for prompt in prompts:
-            engine.reset()  # the prompt is evaluated once; its variants reuse the cached prefix (prompt time is not counted)
-            for temperature in temperatures:
+        for n, prompt in enumerate(prompts):
+            tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
+            order = sides if n % 2 == 0 else sides[::-1]
+            for t, temperature in enumerate(temperatures):
                 for r in range(repeat):
-                    for variant in ["plain", *drafters]:
-                        note(run_engine(engine, prompt, variant, temperature, r, max_tokens))
-            if peer is not None and prompt.id in chosen:
-                tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
+                    for variant in order:
+                        cold = t == 0 and r == 0
+                        if variant == "llama":
+                            note(plain_peer.run(tokens, prompt, temperature, r, max_tokens, is_eog, cold=cold))
+                        else:
+                            note(run_engine(engine, prompt, variant, temperature, r, max_tokens, cold=cold))
+            if lookup_peer is not None and prompt.id in chosen:
                 for r in range(repeat):
-                    for lookup in (False, True):  # one Llama: the second run reuses the evaluated prompt
-                        note(peer.run(tokens, prompt, 0.0, r, max_tokens, engine.target.vocab.is_eog, lookup=lookup))
+                    note(lookup_peer.run(tokens, prompt, 0.0, r, max_tokens, is_eog))
     finally:
-        if peer is not None:
-            peer.close()
+        for peer in (plain_peer, lookup_peer):
+            if peer is not None:
+                peer.close()
     if chosen:
-        draft_path = Path(engine.draft.path) if engine.draft is not None else None
-        for prompt in (p for p in prompts if p.id in chosen):
-            run = speculative_simple_peer(Path(engine.target.path), draft_path, prompt.text, prompt, 0, max_tokens)
-            if run is None:
-                break
-            runs.append(run)
-    return runs
+        if engine.draft is None:
+            notes[PEERS[2]] = "this target has no draft model"
+        else:
+            for prompt in (p for p in prompts if p.id in chosen):
+                text = engine.template.render([{"role": "user", "content": prompt.text}])
+                try:
+                    runs.append(speculative_simple_peer(Path(engine.target.path), Path(engine.draft.path), text,
+                                                        prompt, 0, max_tokens, engine.n_ctx))
+                except PeerFailed as exc:
+                    notes[PEERS[2]] = str(exc)
+                    progress(f"{PEERS[2]}: not run ({exc})")
+                    break
+    return runs, notes
 
 
 # ----------------------------------------------------------------------------- the report (pure)
@@ -216,9 +258,9 @@ class Row:
     suite: str
     variant: str
     temperature: float
-    plain_tokens_per_s: float
+    plain_tokens_per_s: float      # the baseline: the faster of localspec plain and Llama plain on these prompts
     tokens_per_s: float
-    speedup: float
+    speedup: float                 # against the baseline
     speedup_min: float
     speedup_max: float
     acceptance: float
@@ -227,6 +269,11 @@ class Row:
     acceptance_by_position: list[float]
     bound: float | None
     identical: float | None        # greedy: share of plain's tokens the speculative answer reproduced in order
+    baseline: str = "plain"        # which plain decoding was faster: "plain" (localspec) or "llama-cpp-python"
+    first_token_s: float | None = None  # median time to first token from an empty cache (prompt included)
+
+
+BASELINES = ("plain", PEERS[0])
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -254,79 +301,97 @@ def identical_prefix(plain: list[int], other: list[int]) -> float:
     return n / len(plain) if plain else 1.0
 
 
+def _by_prompt(runs: list[Run]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        out.setdefault(r.prompt, []).append(r.tokens_per_s)
+    return out
+
+
+def _baseline(group: dict[str, list[Run]], prompts: set[str]) -> tuple[str, dict[str, list[float]]]:
+    """The faster plain decoding (median tok/s) over `prompts`, among those that ran on all of them."""
+    best, best_tps, best_runs = "plain", -1.0, {}
+    for name in BASELINES:
+        per_prompt = _by_prompt([r for r in group.get(name, []) if r.prompt in prompts])
+        if set(per_prompt) != prompts:
+            continue
+        tps = _median([t for ts in per_prompt.values() for t in ts])
+        if tps > best_tps:
+            best, best_tps, best_runs = name, tps, per_prompt
+    return best, best_runs
+
+
+def _row(suite: str, variant: str, temperature: float, sel: list[Run], group: dict[str, list[Run]],
+         verify: Callable[[int], float] | None, draft_costs: dict[str, float]) -> Row | None:
+    ran = {r.prompt for r in sel}
+    baseline, base = _baseline(group, ran)
+    if not base:
+        return None
+    ratios = [_median(_by_prompt(sel)[p]) / _median(base[p]) for p in ran if _median(base[p]) > 0]
+    base_tps = _median([t for ts in base.values() for t in ts])
+    tps = _median([r.tokens_per_s for r in sel])
+    drafted = sum(r.drafted for r in sel)
+    accepted = sum(r.accepted for r in sel)
+    drafting_rounds = sum(r.drafting_rounds for r in sel)
+    width = max((len(r.tried_by_position) for r in sel), default=0)
+    tried = [sum(r.tried_by_position[i] for r in sel if i < len(r.tried_by_position)) for i in range(width)]
+    kept = [sum(r.kept_by_position[i] for r in sel if i < len(r.kept_by_position)) for i in range(width)]
+    alpha = accepted / drafted if drafted else 0.0
+    bound = (speedup_bound(alpha, verify, draft_costs[variant])
+             if verify is not None and variant in draft_costs and drafted else None)
+    identical = None
+    plain = {}
+    for r in group.get("plain", []):
+        plain.setdefault(r.prompt, []).append(r)
+    if temperature == 0 and variant != "plain":
+        shares = [identical_prefix(plain[r.prompt][min(r.repeat, len(plain[r.prompt]) - 1)].tokens, r.tokens)
+                  for r in sel if r.tokens and r.prompt in plain]
+        identical = statistics.fmean(shares) if shares else None
+    cold = [r.first_token_s for r in sel if r.cold and r.first_token_s > 0]
+    return Row(suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=base_tps,
+               tokens_per_s=tps, speedup=tps / base_tps if base_tps else 0.0,
+               speedup_min=min(ratios, default=0.0), speedup_max=max(ratios, default=0.0),
+               acceptance=alpha, mean_accepted=accepted / drafting_rounds if drafting_rounds else 0.0,
+               draft_length=drafted / drafting_rounds if drafting_rounds else 0.0,
+               acceptance_by_position=[k / t if t else 0.0 for k, t in zip(kept, tried)],
+               bound=bound, identical=identical, baseline=baseline,
+               first_token_s=_median(cold) if cold else None)
+
+
 def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
               draft_costs: dict[str, float] | None = None) -> list[Row]:
-    """One row per suite x variant x temperature, plus 'all' suites; speedups against our plain runs."""
+    """One row per suite x variant x temperature, plus 'all' suites. Every speedup is against the faster
+    of localspec's and llama-cpp-python's plain decoding over the same prompts (the row says which)."""
     rows: list[Row] = []
-    draft_costs = draft_costs or {}
     suites = sorted({r.suite for r in runs}, key=lambda s: SUITES.index(s) if s in SUITES else 99)
-    variants = [v for v in dict.fromkeys(r.variant for r in runs) if v != "plain"]
-    temps = sorted({r.temperature for r in runs})
+    variants = list(dict.fromkeys(r.variant for r in runs))
     for suite in [*suites, "all"]:
-        for temperature in temps:
-            def pick(variant: str) -> list[Run]:
-                return [r for r in runs if r.variant == variant and r.temperature == temperature
-                        and (suite == "all" or r.suite == suite)]
-
-            plain = pick("plain")
-            if not plain:
-                continue
-            plain_by_prompt = {}
-            for r in plain:
-                plain_by_prompt.setdefault(r.prompt, []).append(r)
-            plain_tps = _median([r.tokens_per_s for r in plain])
+        for temperature in sorted({r.temperature for r in runs}):
+            group: dict[str, list[Run]] = {}
+            for r in runs:
+                if r.temperature == temperature and (suite == "all" or r.suite == suite):
+                    group.setdefault(r.variant, []).append(r)
             for variant in variants:
-                sel = pick(variant)
-                if not sel:
-                    continue
-                tps = _median([r.tokens_per_s for r in sel])
-                # The baseline over the same prompts (peers may run on a subset).
-                ran = {r.prompt for r in sel}
-                base_tps = _median([r.tokens_per_s for r in plain if r.prompt in ran]) or plain_tps
-                ratios = []
-                for prompt in dict.fromkeys(r.prompt for r in sel):
-                    mine = [r.tokens_per_s for r in sel if r.prompt == prompt]
-                    base = [r.tokens_per_s for r in plain_by_prompt.get(prompt, [])]
-                    if mine and base and _median(base) > 0:
-                        ratios.append(_median(mine) / _median(base))
-                drafted = sum(r.drafted for r in sel)
-                accepted = sum(r.accepted for r in sel)
-                drafting_rounds = sum(r.drafting_rounds for r in sel)
-                width = max((len(r.tried_by_position) for r in sel), default=0)
-                tried = [sum(r.tried_by_position[i] for r in sel if i < len(r.tried_by_position)) for i in range(width)]
-                kept = [sum(r.kept_by_position[i] for r in sel if i < len(r.kept_by_position)) for i in range(width)]
-                alpha = accepted / drafted if drafted else 0.0
-                bound = None
-                if verify is not None and variant in draft_costs and drafted:
-                    bound = speedup_bound(alpha, verify, draft_costs[variant])
-                identical = None
-                if temperature == 0:
-                    shares = [identical_prefix(plain_by_prompt[r.prompt][min(r.repeat, len(plain_by_prompt[r.prompt]) - 1)].tokens,
-                                               r.tokens)
-                              for r in sel if r.tokens and r.prompt in plain_by_prompt]
-                    identical = statistics.fmean(shares) if shares else None
-                rows.append(Row(
-                    suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=base_tps,
-                    tokens_per_s=tps, speedup=tps / base_tps if base_tps else 0.0,
-                    speedup_min=min(ratios, default=0.0), speedup_max=max(ratios, default=0.0),
-                    acceptance=alpha, mean_accepted=accepted / drafting_rounds if drafting_rounds else 0.0,
-                    draft_length=drafted / drafting_rounds if drafting_rounds else 0.0,
-                    acceptance_by_position=[k / t if t else 0.0 for k, t in zip(kept, tried)],
-                    bound=bound, identical=identical))
+                if variant in group:
+                    row = _row(suite, variant, temperature, group[variant], group, verify, draft_costs or {})
+                    if row is not None:
+                        rows.append(row)
     return rows
 
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| suite | T | variant | plain tok/s | tok/s | speedup (min-max per prompt) | acceptance | accepted/round "
-        "| draft len | bound | greedy identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| suite | T | variant | baseline (faster plain) | tok/s | speedup (min-max per prompt) | first token "
+        "| acceptance | accepted/round | draft len | bound | greedy identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        spec = r.variant not in PEERS
+        spec = r.variant not in PEERS and r.variant != "plain"
+        base = "localspec" if r.baseline == "plain" else "Llama"
         lines.append(
-            f"| {r.suite} | {r.temperature:g} | {r.variant} | {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
+            f"| {r.suite} | {r.temperature:g} | {r.variant} | {base} {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
             f"{r.speedup:.2f}x ({r.speedup_min:.2f}-{r.speedup_max:.2f}) | "
+            + (f"{r.first_token_s:.2f}s | " if r.first_token_s is not None else "- | ")
             + (f"{r.acceptance:.0%} | {r.mean_accepted:.2f} | {r.draft_length:.1f} | " if spec else "- | - | - | ")
             + (f"{r.bound:.2f}x" if r.bound is not None else "-") + " | "
             + (f"{r.identical:.0%}" if r.identical is not None else "-") + " |")
@@ -384,7 +449,7 @@ def svg(rows: list[Row], title: str) -> str:
         out.append(f'<rect x="{x0 + 10 + vi * 130}" y="32" width="10" height="10" fill="{colors[vi % len(colors)]}"/>'
                    f'<text x="{x0 + 24 + vi * 130}" y="41">{_esc(variant)}</text>')
     out.append(f'<text x="{x0 - 40}" y="{y0 - plot_h / 2}" transform="rotate(-90 {x0 - 40} {y0 - plot_h / 2})" '
-               f'text-anchor="middle">speedup over plain (greedy)</text>')
+               f'text-anchor="middle">speedup over the faster plain (greedy)</text>')
 
     # acceptance by position, over all suites
     ax0, aw = left_w + 40, W - left_w - 70

@@ -229,8 +229,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
             events = engine.chat(messages, max_tokens=max_tokens, sampling=settings)
         for event in events:
             if as_json:
-                payload = event.to_dict() if hasattr(event, "to_dict") else {"type": "prefill", **vars(event)}
-                click.echo(json.dumps(payload))
+                click.echo(json.dumps(event.to_dict()))
             elif isinstance(event, Round):
                 click.echo(event.text, nl=False)
                 sys.stdout.flush()
@@ -311,7 +310,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--temperature", "temperatures", default="0,0.7", show_default=True,
               help="Temperatures, comma-separated (0 = greedy; sampling runs use fixed seeds).")
 @click.option("--peers/--no-peers", default=True, show_default=True,
-              help="Also run llama-cpp-python's Llama (plain and prompt-lookup), and llama-speculative-simple if on PATH.")
+              help="Also run llama-cpp-python's Llama (plain on every prompt, the baseline when it is faster; "
+                   "prompt-lookup on --peer-prompts), and llama.cpp's llama-speculative-simple if on PATH.")
 @click.option("--prompts", "limit", type=int, default=None, help="Only the first N prompts of each suite.")
 @click.option("--peer-prompts", type=int, default=4, show_default=True,
               help="Peers run on the first N prompts of each suite (they are the slow part of a run).")
@@ -322,10 +322,12 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
           n_ctx):
     """Measure speculative against plain decoding (and peers) on shipped prompt suites.
 
-    Variants run back to back per prompt so machine drift cancels out. Prints a Markdown table:
-    tokens/s, speedup (ratio of medians, min-max per prompt), acceptance, accepted per round, draft
-    length, the speedup bound the measured acceptance and costs allow, and for greedy runs how much
-    of the plain answer the speculative one reproduced.
+    Variants run back to back per prompt, in alternating order, so machine drift cancels out. Prints a
+    Markdown table: tokens/s, speedup against the faster of localspec's and llama-cpp-python's plain
+    decoding (ratio of medians, min-max per prompt; the row names the baseline), time to first token
+    from an empty cache, acceptance, accepted per round, draft length, the speedup bound the measured
+    acceptance and costs allow, and for greedy runs how much of the plain answer the speculative one
+    reproduced.
     """
     import platform
 
@@ -363,8 +365,9 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
     click.echo(f"localspec bench: {entry} on {platform.machine()} ({os.cpu_count()} threads); "
                f"{len(prompts)} prompts, {max_tokens} tokens, T in {temps}, repeat {repeat}, drafters {drafters}", err=True)
     with engine:
-        runs = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens, repeat=repeat,
-                       peers=peers, peer_prompts=peer_prompts, progress=lambda m: click.echo(m, err=True))
+        runs, not_run = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens,
+                                repeat=repeat, peers=peers, peer_prompts=peer_prompts,
+                                progress=lambda m: click.echo(m, err=True))
         costs = {"ngram": 0.0, "auto": 0.0}
         if engine.draft is not None:
             costs["model"] = engine.draft_cost.per_token_s
@@ -377,8 +380,12 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                 "repeat": repeat, "temperatures": temps, "drafters": drafters,
                 "verify_ms": {n: round(engine.cost.verify(n) * 1000, 2) for n in sorted(engine.cost.verify_s)},
                 "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()},
-                "draft_files": _draft_files(engine)}
+                "draft_files": _draft_files(engine), "peers_not_run": not_run}
     click.echo(b.markdown(rows))
+    click.echo("\nSpeedups are against the faster plain decoding in this run (localspec's, or llama-cpp-python's "
+               "`Llama` on the same file); first token: median from an empty cache, prompt included.")
+    for peer, why in not_run.items():
+        click.echo(f"{peer}: not run ({why})")
     for role, name, size, note in meta["draft_files"]:
         click.echo(f"\n{role}: {name}, {_size(size)}{note}")
     if json_path:

@@ -46,6 +46,29 @@ def test_summary_rows_add_up():
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>") and "ngram" in svg
 
 
+def test_speedups_are_against_the_faster_plain_decoding():
+    runs = [
+        run("code-1", "plain", 10.0, [1, 2], suite="code"),
+        run("code-1", "llama-cpp-python", 12.0, [1, 2], suite="code"),
+        run("code-1", "auto", 12.6, [1, 2], suite="code"),
+        run("code-2", "plain", 10.0, [1, 2], suite="code"),
+        run("code-2", "llama-cpp-python", 11.0, [1, 2], suite="code"),
+        run("code-2", "auto", 11.0, [1, 2], suite="code"),
+        run("edit-1", "plain", 10.0, [1, 2]),
+        run("edit-1", "llama-cpp-python", 9.0, [1, 2]),
+        run("edit-1", "auto", 20.0, [1, 2]),
+    ]
+    rows = {(r.suite, r.variant): r for r in b.summarize(runs)}
+    code = rows["code", "auto"]
+    assert code.baseline == "llama-cpp-python" and code.plain_tokens_per_s == pytest.approx(11.5)
+    assert code.speedup == pytest.approx(11.8 / 11.5)
+    assert (code.speedup_min, code.speedup_max) == (pytest.approx(1.0), pytest.approx(1.05))
+    assert rows["code", "plain"].speedup == pytest.approx(10.0 / 11.5)  # our plain decoding, against Llama's
+    edit = rows["edit", "auto"]
+    assert edit.baseline == "plain" and edit.speedup == pytest.approx(2.0)
+    assert "| code | 0 | auto | Llama 11.5 |" in b.markdown(list(rows.values()))
+
+
 def test_speedup_bound_is_the_best_length_under_the_costs():
     flat = lambda n: 1.0  # noqa: E731  a GPU-like verify: any small batch costs one token
     assert b.speedup_bound(0.0, flat, 0.0) == pytest.approx(1.0)
@@ -80,9 +103,18 @@ def test_a_short_real_bench_run(test_home_with_smollm2, tmp_path):
     for r in runs:
         assert 0 < r["generated"] <= 16 and r["tokens_per_s"] == pytest.approx(r["generated"] / r["seconds"], rel=0.05)
         assert r["accepted"] <= r["drafted"]
+    llama = [r for r in runs if r["variant"] == "llama-cpp-python"]
+    assert {r["prompt"] for r in llama} == {r["prompt"] for r in ours}  # the plain peer runs on every prompt
+    for r in ours + llama:  # one run of each side per prompt starts from an empty cache
+        assert r["cold"] and r["first_token_s"] > 0
     row = next(r for r in data["rows"] if r["suite"] == "all" and r["variant"] == "ngram")
     plain = [r["tokens_per_s"] for r in ours if r["variant"] == "plain"]
-    assert row["plain_tokens_per_s"] == pytest.approx(sum(plain) / 2)
+    peer = [r["tokens_per_s"] for r in llama]
+    assert row["plain_tokens_per_s"] == pytest.approx(max(sum(plain) / 2, sum(peer) / 2))
+    assert row["baseline"] == ("plain" if sum(plain) >= sum(peer) else "llama-cpp-python")
+    assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
     assert row["identical"] is not None and 0 <= row["identical"] <= 1
     assert "| all | 0 | ngram |" in proc.stdout and "llama-cpp-python" in proc.stdout
+    assert data["meta"]["peers_not_run"]["llama-speculative-simple"]  # a peer that cannot run says why
+    assert "llama-speculative-simple: not run (" in proc.stdout
     assert plot.read_text().startswith("<svg")

@@ -179,6 +179,34 @@ def test_a_draft_model_judged_bad_is_still_probed_now_and_then():
     assert planner.model_acceptance.rates(1)[0] > judged        # and what they found counts
 
 
+def test_a_draft_model_that_cannot_pay_costs_nothing():
+    """No prefill, no catch-up: the draft model's cache is never touched when drafting cannot pay."""
+    engine = _engine(drafter="auto", noise=50.0, cost={1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0}, draft_cost=0.5)
+    events = list(engine.generate([0, 5, 9, 11, 13, 17], max_tokens=40))
+    assert engine.draft.evaluated == 0 and engine.draft.calls == []
+    assert _tokens(events) == _plain([0, 5, 9, 11, 13, 17], 40)
+
+
+def test_a_draft_model_expected_to_pay_is_ready_before_the_first_round():
+    engine = _engine(drafter="auto", noise=0.0, draft_cost=0.001)
+    prompt = [0, 5, 9, 11, 13, 17]
+    events = engine.generate(prompt, max_tokens=10)
+    assert isinstance(next(events), Prefill)
+    assert engine.draft.tokens == prompt  # prefilled with the prompt, counted as prompt time
+    list(events)
+
+
+def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
+    engine = _engine(drafter="model", noise=0.0, draft_cost=0.05)
+    planner = engine._planner_for("model", None, budget=1)
+    context = list(range(4, 44)) * 10  # 400 tokens the draft model has not seen
+    rate = 3.0 / engine.cost.verify(1)
+    assert engine.model_drafter.behind(context) == len(context)
+    assert not planner._catch_up_pays(engine.model_drafter, context, rate, 0.05)
+    planner.budget = 10_000
+    assert planner._catch_up_pays(engine.model_drafter, context, rate, 0.05)
+
+
 def test_each_request_prices_copies_from_the_priors_again():
     """What copies did in one request (an edit copies its input; a story does not) says little about
     the next: the n-gram tables start from their priors, so a bad request cannot lock the lookup out."""

@@ -130,7 +130,7 @@ class Engine:
         finally:
             self._lock.release()
 
-    def _planner_for(self, mode: str, fixed: int | None) -> Planner:
+    def _planner_for(self, mode: str, fixed: int | None, budget: int | None = None) -> Planner:
         """One planner for the engine's lifetime: what it learned about the model drafters' acceptance
         and its probing back-off carry over from one request to the next (copies restart from their
         priors each request, see `Planner.configure`)."""
@@ -149,12 +149,12 @@ class Engine:
                 self_model=self.self_drafter,
                 self_cost=self.self_cost,
             )
-        self._planner.configure(mode, fixed)
+        self._planner.configure(mode, fixed, budget)
         return self._planner
 
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         vocab = self.target.vocab
-        planner = self._planner_for(mode, fixed)
+        planner = self._planner_for(mode, fixed, max_tokens)
         self.ngram.reset(prompt_len=len(prompt))
         self.openings.start(prompt)
 
@@ -173,6 +173,7 @@ class Engine:
         context = list(prompt)
         emitted: list[int] = []
         generated = 0
+        first_token_s = 0.0
         t_start = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
             draft_tokens = step.draft.tokens
@@ -216,6 +217,8 @@ class Engine:
                 evidence=step.draft.evidence,
             )
             tally.add(event)
+            if not first_token_s and event.emitted:
+                first_token_s = time.perf_counter() - t0
             yield event
             if ended:
                 stop_reason = ended
@@ -235,6 +238,7 @@ class Engine:
             wall_s=wall,
             baseline_tokens_per_s=self.cost.plain_tokens_per_s,
             drafter=mode if fixed is None else f"{mode} (fixed {fixed})",
+            first_token_s=first_token_s,
         )
 
     # ------------------------------------------------------------------ lifetime

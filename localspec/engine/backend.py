@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -135,6 +136,10 @@ class ModelOptions:
     n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
     flash_attn: bool | None = None    # None: llama.cpp decides
     mmap: bool | None = None          # None: mmap (llama.cpp decides); False: read into memory (less RSS, slower here)
+    n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
+
+    def with_(self, **changes) -> "ModelOptions":
+        return dataclasses.replace(self, **changes)
 
     def threads(self) -> int:
         return self.n_threads or max(1, os.cpu_count() or 1)
@@ -143,8 +148,9 @@ class ModelOptions:
         # mmap by default. Reading the weights into memory instead saves ~0.6 GB of resident pages on
         # the CPU for Qwen2.5-Coder-1.5B (llama.cpp keeps the mapped originals beside its repacked
         # copy), but decoded 9% slower here (13.7 vs 15.1 tok/s, interleaved runs): mmap=False opts in.
-        use_mmap = self.mmap if self.mmap is not None else True
-        return L.LLAMA_LOAD_MODE_AUTO if use_mmap else L.LLAMA_LOAD_MODE_NONE
+        if self.mmap is None:
+            return L.LLAMA_LOAD_MODE_AUTO
+        return L.LLAMA_LOAD_MODE_MMAP if self.mmap else L.LLAMA_LOAD_MODE_NONE
 
     def gpu_layers(self) -> int:
         if self.n_gpu_layers is not None:
@@ -298,7 +304,7 @@ class Model:
         cparams.n_seq_max = 1
         # Logits are asked for a few positions per call (a verify batch), never a whole batch: a
         # buffer for n_batch rows would cost n_batch x n_vocab floats (311 MB for Qwen) per model.
-        cparams.n_outputs_max = MAX_LOGITS_PER_CALL
+        cparams.n_outputs_max = self.options.n_outputs_max
         cparams.n_threads = self.options.threads()
         cparams.n_threads_batch = self.options.threads()
         cparams.no_perf = True
@@ -347,8 +353,9 @@ class Model:
                 f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens."
             )
         wanted = set(logits_for)
-        if len(wanted) > MAX_LOGITS_PER_CALL:
-            raise LocalspecError(f"At most {MAX_LOGITS_PER_CALL} logits rows per decode call; {len(wanted)} asked.")
+        limit = self.options.n_outputs_max or self.n_batch
+        if len(wanted) > limit:
+            raise LocalspecError(f"At most {limit} logits rows per decode call; {len(wanted)} asked.")
         rows: dict[int, np.ndarray] = {}
         batch = self._batch
         for chunk_start in range(0, len(tokens), self.n_batch):

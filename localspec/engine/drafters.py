@@ -14,7 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from localspec.engine.kv import KvSequence
+from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, softmax
 
 
@@ -296,6 +296,10 @@ class ModelDrafter:
         self._ready = None
         if 0 < len(context) <= self.kv.n_ctx:
             self._ready = (len(context), self.kv.sync(context))
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of `context` this drafter's cache would have to evaluate before it can draft."""
+        return len(context) - common_prefix(self.kv.tokens, context)
 
     def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
         """Logits after the context's last token, and how many tokens had to be evaluated."""

@@ -19,6 +19,9 @@ class Prefill:
     cached: int      # prompt tokens reused from the KV cache
     seconds: float
 
+    def to_dict(self) -> dict:
+        return {"type": "prefill", **asdict(self)}
+
 
 @dataclass(frozen=True)
 class Round:
@@ -73,6 +76,7 @@ class Summary:
     speedup: float
     drafter: str                      # the drafter setting ("auto", "model", "ngram", "none")
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
+    first_token_s: float = 0.0        # from the request to the first answer token: prompt + first round
 
     def to_dict(self) -> dict:
         return {"type": "summary", **asdict(self)}
@@ -82,7 +86,8 @@ class Summary:
             f"{self.generated_tokens} tokens in {self.wall_s:.2f}s: {self.tokens_per_s:.1f} tok/s "
             f"(plain {self.baseline_tokens_per_s:.1f} tok/s, {self.speedup:.2f}x), "
             f"acceptance {self.acceptance_rate:.0%} of {self.drafted} drafted, "
-            f"{self.mean_accepted_per_round:.2f} accepted/round, stop: {self.stop_reason}"
+            f"{self.mean_accepted_per_round:.2f} accepted/round, first token after {self.first_token_s:.2f}s, "
+            f"stop: {self.stop_reason}"
         )
 
 
@@ -133,7 +138,7 @@ class Tally:
             self.kept_at[i] += i < len(r.accepted)
 
     def summary(self, *, text: str, stop_reason: str, prefill: Prefill, wall_s: float,
-                baseline_tokens_per_s: float, drafter: str) -> Summary:
+                baseline_tokens_per_s: float, drafter: str, first_token_s: float = 0.0) -> Summary:
         tps = self.generated / wall_s if wall_s > 0 else 0.0
         return Summary(
             text=text,
@@ -157,4 +162,5 @@ class Tally:
             speedup=tps / baseline_tokens_per_s if baseline_tokens_per_s > 0 else 0.0,
             drafter=drafter,
             rounds_by_drafter=dict(self.by_drafter),
+            first_token_s=first_token_s,
         )

@@ -119,6 +119,7 @@ class Planner:
     # n-gram copies by age, of the prompt (True) and of the answer (False)
     copy_acceptance: dict[bool, CopyAcceptance] = field(default_factory=lambda: {
         True: CopyAcceptance(priors=PROMPT_COPY_PRIORS), False: CopyAcceptance(priors=ANSWER_COPY_PRIORS)})
+    budget: int = 512           # answer tokens the request may still produce (prices a model drafter's catch-up)
     _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each model drafter drafted
     _waited: int = 0            # rounds without a draft worth making since the last probe
     _probe_wait: int = 0        # rounds to wait before the next probe
@@ -127,11 +128,13 @@ class Planner:
         self.configure(self.mode, self.fixed_len)
         self._probe_wait = self.probe_every
 
-    def configure(self, mode: str, fixed_len: int | None) -> None:
+    def configure(self, mode: str, fixed_len: int | None, budget: int | None = None) -> None:
         """Settings of the next generation, and how much of what was learned it starts from."""
         if mode not in DRAFTER_MODES:
             raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}")
         self.mode, self.fixed_len = mode, fixed_len
+        if budget is not None:
+            self.budget = budget
         # What earlier requests taught about a model drafter is kept as a prior at reduced weight, so
         # this request's own evidence takes over within a few rounds. Copies start from their priors:
         # requests differ most there (an edit copies its input, a story does not), and carrying an
@@ -154,11 +157,39 @@ class Planner:
     def uses_ngram(self) -> bool:
         return self.ngram is not None and self.mode in ("auto", "ngram")
 
-    def prefill(self, context: list[int]) -> None:
+    def _model_drafters(self) -> list[tuple[str, ModelDrafter, DrafterCost]]:
+        out = []
         if self.uses_model and self.model is not None:
-            self.model.prepare(context)
+            out.append(("model", self.model, self.model_cost))
         if self.uses_self and self.self_model is not None:
-            self.self_model.prepare(context)
+            out.append(("self", self.self_model, self.self_cost))
+        return out
+
+    def prefill(self, context: list[int]) -> None:
+        """Bring the prompt into the model drafters that this request is expected to draft with.
+
+        A drafter the planner does not expect to use costs nothing: no prefill now, and a catch-up
+        (priced, see `_catch_up_pays`) only when it first wins a round. On a CPU the default pair's
+        draft model never pays, and prefilling it added ~50% to the time to first token
+        (scripts/plain_parity.py measures both)."""
+        cap = self.fixed_len if self.fixed_len is not None else self.max_len
+        for name, drafter, cost in self._model_drafters():
+            forced = self.fixed_len is not None and self.mode == name
+            if forced or self._choose(name, cap, cost.per_token_s)[0] > 0:
+                drafter.prepare(context)
+
+    def _catch_up_pays(self, drafter: ModelDrafter, context: list[int], rate: float, per_token_s: float) -> bool:
+        """Whether drafting at `rate` tokens/s over the rest of the answer repays bringing the drafter's
+        cache up to date first. A catch-up is a batched prefill: priced as the target's per-position
+        cost in its largest calibrated batch, scaled by how much cheaper a draft token is than a target
+        token."""
+        behind = drafter.behind(context)
+        if behind <= 2:
+            return True
+        largest = max(self.cost.verify_s)
+        per_position = self.cost.verify(largest) / largest * per_token_s / self.cost.verify(1)
+        saving_per_token = 1.0 / self.cost.plain_tokens_per_s - 1.0 / rate
+        return saving_per_token * self.budget > behind * per_position
 
     def draft(self, context: list[int], room: int, sampler: Sampler) -> Draft:
         cap = min(self.fixed_len if self.fixed_len is not None else self.max_len, room)
@@ -179,14 +210,14 @@ class Planner:
                 if opening.tokens:
                     k, rate = best_length(rates, self.cost, 0.0)
                     options.append((rate, "ngram", k, opening))
-        for name, used, cost in (("model", self.uses_model, self.model_cost), ("self", self.uses_self, self.self_cost)):
-            if not used:
-                continue
+        for name, drafter, cost in self._model_drafters():
             if self.fixed_len is not None:
                 # Fixed length in auto mode: the lookup when it found something, a model otherwise.
                 options.append((0.0 if options else float("inf"), name, cap, None))
             else:
                 k, rate = self._choose(name, cap, cost.per_token_s)
+                if k > 0 and not self._catch_up_pays(drafter, context, rate, cost.per_token_s):
+                    k = 0
                 options.append((rate, name, k, None))
 
         for key in self._since_tried:
@@ -196,7 +227,7 @@ class Planner:
             _rate, name, k, proposal = max(viable, key=lambda o: o[0])
             self._probe_wait = self.probe_every
         else:
-            probe = self._probe(options)
+            probe = self._probe(options, context)
             if probe is None:
                 return Draft.empty()
             name, k, proposal = probe
@@ -219,7 +250,7 @@ class Planner:
         acceptance = self._acceptance(key)
         return best_length(acceptance.rates(cap), self.cost, per_token_s, margin_for(acceptance.samples))
 
-    def _probe(self, options) -> tuple[str, int, Draft | None] | None:
+    def _probe(self, options, context: list[int]) -> tuple[str, int, Draft | None] | None:
         """A one-token draft from the model drafter tried least recently, when the wait is over; or None.
 
         Probes cost real time (a model draft must first catch up on everything decoded since), and a
@@ -231,11 +262,13 @@ class Planner:
         if self._waited < self._probe_wait:
             return None
         candidates = []
+        drafters = {name: drafter for name, drafter, _cost in self._model_drafters()}
         for _rate, name, _k, proposal in options:
             if proposal is not None:
                 continue
             per_token = (self.self_cost if name == "self" else self.model_cost).per_token_s
-            if best_length([PLAUSIBLE_BEST_ACCEPTANCE] * self.max_len, self.cost, per_token)[0] > 0:
+            k, rate = best_length([PLAUSIBLE_BEST_ACCEPTANCE] * self.max_len, self.cost, per_token)
+            if k > 0 and self._catch_up_pays(drafters[name], context, rate, per_token):
                 candidates.append((self._since_tried.get(name, 10**9), name))  # never tried: first
         if not candidates:
             return None
@@ -248,6 +281,7 @@ class Planner:
         return self.model_acceptance if key == "model" else self.self_acceptance
 
     def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None) -> None:
+        self.budget = max(self.budget - accepted - 1, 0)
         if self.learn_costs:
             self.cost.observe(batch_n, verify_s)
         if not draft.tokens:

@@ -147,6 +147,9 @@ def _result(served: Served, content: str, prefill: Prefill, summary: Summary, li
         "predicted_ms": round(predicted_ms, 3),
         "predicted_per_token_ms": round(predicted_ms / predicted, 3) if predicted else 0.0,
         "predicted_per_second": round(summary.tokens_per_s, 3),
+        # Not a llama.cpp field: from the request reaching the engine to the first answer token
+        # (prompt_ms plus the first draft/verify round).
+        "first_token_ms": round(summary.first_token_s * 1000, 3),
     }
     if summary.drafted:
         timings["draft_n"] = summary.drafted

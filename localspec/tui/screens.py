@@ -278,8 +278,10 @@ class DetailsScreen(ModalScreen[None]):
                 rows = [
                     ("tokens", f"{s['generated_tokens']} generated, prompt {s.get('prompt_tokens', 0)} "
                                f"({s.get('prompt_evaluated', 0)} evaluated, {s.get('prompt_s', 0):.2f}s)"),
+                    ("first token", f"after {s.get('first_token_s', 0):.2f}s (prompt and first round)"),
                     ("throughput", f"{s.get('tokens_per_s', 0):.1f} tok/s in {s.get('wall_s', 0):.2f}s"),
-                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s (measured on this target)"),
+                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s (estimate: one-token decode "
+                                       "of this target, timed at load and tracked while answering)"),
                     ("speedup", f"{s.get('speedup', 0):.2f}×"),
                     ("drafted", f"{s.get('drafted', 0)} tokens, {s.get('accepted', 0)} accepted "
                                 f"({s.get('acceptance_rate', 0):.0%}), {s.get('mean_accepted_per_round', 0):.2f} per round"),

@@ -236,6 +236,8 @@ class StatsPanel(Vertical):
     def _reset(self) -> None:
         self.tally = Tally()
         self.started = 0.0
+        self.requested = time.perf_counter()
+        self.first_token_s = 0.0
         self.tokens_per_s = 0.0
         self.recent: deque[tuple[int, float]] = deque(maxlen=4)
         self.last_draft = 0
@@ -252,6 +254,10 @@ class StatsPanel(Vertical):
         yield Static(self._legend(), id="stats-legend")
 
     def on_mount(self) -> None:
+        self.query_one("#stats-numbers", Static).tooltip = (
+            "plain est: what plain decoding of this target runs at here - a one-token decode timed at load "
+            "and tracked while answering (`localspec bench` compares with llama-cpp-python's own Llama).\n"
+            "1st token: from sending to the first answer token (prompt evaluation and the first round).")
         self.refresh_numbers()
 
     @staticmethod
@@ -273,6 +279,8 @@ class StatsPanel(Vertical):
             if event.drafted == 0 and event.token is None:
                 return  # text released at the end, not a decoding step
             self.tally.add(event)
+            if not self.first_token_s and event.emitted:
+                self.first_token_s = time.perf_counter() - self.requested
             elapsed = time.perf_counter() - self.started
             self.tokens_per_s = self.tally.generated / elapsed if elapsed > 0 else 0.0
             self.recent.append((event.emitted, event.draft_s + event.verify_s))
@@ -283,6 +291,7 @@ class StatsPanel(Vertical):
             self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
         elif isinstance(event, Summary):
             self.tokens_per_s = event.tokens_per_s
+            self.first_token_s = event.first_token_s or self.first_token_s
             if event.baseline_tokens_per_s:
                 self.baseline = event.baseline_tokens_per_s
         self.refresh_numbers()
@@ -297,6 +306,7 @@ class StatsPanel(Vertical):
         t.tried_at = list(stats.get("drafted_by_position") or [])
         t.kept_at = [round(r * n) for r, n in zip(stats.get("acceptance_by_position") or [], t.tried_at)]
         self.tokens_per_s = stats.get("tokens_per_s", 0.0)
+        self.first_token_s = stats.get("first_token_s", 0.0)
         self.baseline = stats.get("baseline_tokens_per_s", 0.0) or self.baseline
         self.last_drafter = str(stats.get("drafter", "—"))
         self.showing_stored = True
@@ -309,7 +319,8 @@ class StatsPanel(Vertical):
         per_round = t.accepted / t.drafting_rounds if t.drafting_rounds else 0.0
         lines = Content.assemble(
             ("now      ", "dim"), f"{self.tokens_per_s:6.1f} tok/s\n",
-            ("plain    ", "dim"), f"{self.baseline:6.1f} tok/s\n",
+            ("plain est", "dim"), f"{self.baseline:6.1f} tok/s\n",
+            ("1st token", "dim"), (f"{self.first_token_s:6.2f} s\n" if self.first_token_s else "     — \n"),
             ("speedup  ", "dim"), (f"{speedup:6.2f}×\n", "bold $text-success" if speedup >= 1 else "bold"),
             ("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}\n",
             ("per round", "dim"), f"{per_round:6.2f} tokens\n",
