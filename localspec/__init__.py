@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 
 def load(model_id_or_path: str, **kwargs):
-    """Load a catalog pair/model id or a GGUF path; see `localspec.engine.api.load`."""
-    from localspec.engine.api import load as _load
+    """Load a catalog pair/model id or a GGUF path; see `localspec.loader.load`."""
+    from localspec.loader import load as _load
 
     return _load(model_id_or_path, **kwargs)
 

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import click
 
-from localspec import __version__
+from localspec import __version__, paths
+from localspec.engine.contract import DRAFTER_HELP, DRAFTER_SETTINGS
+from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
+from localspec.units import human_bytes
+
+
+SAMPLING = SamplingSettings()  # the defaults of every sampling option
+DRAFTER_OPTION_HELP = "; ".join(f"{name}: {what}" for name, what in DRAFTER_HELP.items()) + "."
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,17 +63,16 @@ def pull(entry_id: str, source: str, self_draft: bool, budget: float) -> None:
 
 @cli.command(name="list")
 @click.option("--available", is_flag=True, help="Every catalog entry, pulled or not.")
-@click.option("--paths", is_flag=True, help="Where localspec keeps models, settings and the user catalog.")
-def list_(available: bool, paths: bool) -> None:
+@click.option("--paths", "show_paths", is_flag=True, help="Where localspec keeps models, settings and the user catalog.")
+def list_(available: bool, show_paths: bool) -> None:
     """Pulled models and pairs: sizes, where they live, what is missing."""
-    from localspec import paths as p
     from localspec.catalog import load_catalog
     from localspec.registry import Registry
 
-    if paths:
-        for label, path in (("data", p.data_dir()), ("models", p.models_dir()), ("cache", p.cache_dir()),
-                            ("config", p.config_dir()), ("user catalog", p.user_catalog_file()),
-                            ("settings", p.settings_file()), ("runtime", p.runtime_dir())):
+    if show_paths:
+        for label, path in (("data", paths.data_dir()), ("models", paths.models_dir()), ("cache", paths.cache_dir()),
+                            ("config", paths.config_dir()), ("user catalog", paths.user_catalog_file()),
+                            ("settings", paths.settings_file()), ("runtime", paths.runtime_dir())):
             click.echo(f"{label:13} {path}")
         return
     catalog = load_catalog()
@@ -86,9 +92,9 @@ def list_(available: bool, paths: bool) -> None:
     for model in catalog.models.values():
         record = registry.valid(model.id)
         if record:
-            click.echo(f"  {model.id:30} {_size(record.size):>9}  {record.source:4}  {record.path}")
+            click.echo(f"  {model.id:30} {human_bytes(record.size):>9}  {record.source:4}  {record.path}")
         elif available:
-            click.echo(f"  {model.id:30} {_size(model.size):>9}  {'/'.join(model.sources):8} not pulled  {model.title}")
+            click.echo(f"  {model.id:30} {human_bytes(model.size):>9}  {'/'.join(model.sources):8} not pulled  {model.title}")
     if not pulled and not available:
         click.echo(f"  (nothing pulled yet; try `localspec pull {catalog.default_pair}` or `localspec list --available`)")
 
@@ -118,9 +124,9 @@ def rm(entry_id: str, yes: bool) -> None:
     if not present:
         click.echo(f"Nothing to remove for {entry_id}.")
         return
-    total = sum(registry.get(m.id).size for m in present)  # type: ignore[union-attr]
+    total = sum(record.size for m in present if (record := registry.get(m.id)) is not None)
     if not yes and sys.stdin.isatty():
-        click.confirm(f"Delete {', '.join(m.id for m in present)} ({_size(total)})?", abort=True)
+        click.confirm(f"Delete {', '.join(m.id for m in present)} ({human_bytes(total)})?", abort=True)
     for model in present:
         for path in remove_model(model, registry):
             click.echo(f"Deleted {path}")
@@ -134,10 +140,11 @@ def check(target: str, draft: str) -> None:
 
     TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
     """
-    from localspec.catalog import check_pair
     from localspec.engine.backend import VocabFile
+    from localspec.engine.pairing import check_pair
+    from localspec.loader import model_file
 
-    target_path, draft_path = _model_file(target), _model_file(draft)
+    target_path, draft_path = model_file(target), model_file(draft)
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
     click.echo(f"target: {target_path}\ndraft:  {draft_path}")
@@ -156,7 +163,6 @@ def doctor() -> None:
     """The llama.cpp build (GPU offload or CPU only), devices, threads, and where files live."""
     import os
 
-    from localspec import paths
     from localspec.engine import backend
 
     gpu = backend.supports_gpu_offload()
@@ -184,13 +190,13 @@ def doctor() -> None:
 @cli.command()
 @click.argument("entry_id")
 @click.argument("prompt")
-@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True, help=DRAFTER_OPTION_HELP)
 @click.option("--draft-len", default="auto", show_default=True, help="'auto' (adaptive) or a fixed number of tokens.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=40, show_default=True)
-@click.option("--top-p", type=float, default=0.95, show_default=True)
-@click.option("--min-p", type=float, default=0.05, show_default=True)
-@click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
+@click.option("--temperature", type=float, default=SAMPLING.temperature, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=SAMPLING.top_k, show_default=True)
+@click.option("--top-p", type=float, default=SAMPLING.top_p, show_default=True)
+@click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True)
+@click.option("--repeat-penalty", type=float, default=SAMPLING.repeat_penalty, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--system", default=None, help="System prompt.")
@@ -204,7 +210,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
     goes to stderr.
     """
-    from localspec.engine.api import load
+    from localspec.loader import load
     from localspec.engine.events import Round, Summary
     from localspec.engine.sampling import SamplingSettings
 
@@ -240,7 +246,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
 
 @cli.command()
 @click.argument("entry_id", required=False)
-@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default=None,
+@click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default=None,
               help="Drafter for this session's conversations (default: each conversation's own setting).")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
 @click.option("--gpu-layers", type=int, default=None,
@@ -278,7 +284,8 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
               help="Unix socket path (default: localspec.sock in the user runtime dir).")
 @click.option("--no-socket", is_flag=True, help="Listen on TCP only.")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
-@click.option("--drafter", type=click.Choice(["auto", "model", "self", "ngram", "none"]), default="auto", show_default=True)
+@click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True,
+              help=DRAFTER_OPTION_HELP)
 @click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True, help="Context window in tokens.")
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, gpu_layers) -> None:
@@ -288,13 +295,12 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     refused. ENTRY_ID defaults to the default pair.
     """
     from localspec.catalog import load_catalog
-    from localspec.server.run import default_socket
     from localspec.server.run import serve as run_server
 
     if not 0 <= port <= 65535:
         raise click.BadParameter("must be 0-65535", param_hint="--port")
     entry = entry_id or load_catalog().default_pair
-    sock = None if no_socket else (Path(socket_path) if socket_path else default_socket())
+    sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, say=lambda m: click.echo(m, err=True))
 
@@ -333,7 +339,7 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
 
     from localspec import bench as b
     from localspec.catalog import load_catalog
-    from localspec.engine.api import load
+    from localspec.loader import load
 
     names = [d.strip() for d in drafter.split(",") if d.strip()]
     drafters = list(b.DRAFTERS) if names == ["all"] else names
@@ -380,19 +386,21 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                 "repeat": repeat, "temperatures": temps, "drafters": drafters,
                 "verify_ms": {n: round(engine.cost.verify(n) * 1000, 2) for n in sorted(engine.cost.verify_s)},
                 "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()},
-                "draft_files": _draft_files(engine), "peers_not_run": not_run}
+                "draft_files": b.describe(engine), "peers_not_run": not_run}
     click.echo(b.markdown(rows))
     click.echo("\nSpeedups are against the faster plain decoding in this run (localspec's, or llama-cpp-python's "
                "`Llama` on the same file); first token: median from an empty cache, prompt included.")
     for peer, why in not_run.items():
         click.echo(f"{peer}: not run ({why})")
     for role, name, size, note in meta["draft_files"]:
-        click.echo(f"\n{role}: {name}, {_size(size)}{note}")
+        click.echo(f"\n{role}: {name}, {human_bytes(size)}{note}")
     if json_path:
         Path(json_path).write_text(json.dumps(b.to_json(runs, rows, meta), indent=1))
         click.echo(f"raw runs: {json_path}", err=True)
     if plot_path:
-        Path(plot_path).write_text(b.svg(rows, f"localspec bench: {entry}, {max_tokens} tokens"))
+        from localspec.benchplot import svg
+
+        Path(plot_path).write_text(svg(rows, f"localspec bench: {entry}, {max_tokens} tokens"))
         click.echo(f"plot: {plot_path}", err=True)
 
 
@@ -421,41 +429,11 @@ def draft_make(target, keep, auto, budget, calibration, out) -> None:
     size = Path(plan.file).stat().st_size
     measured = (f"; acceptance {plan.acceptance:.0%}, {plan.draft_ms_per_token:.1f} ms/token, predicted "
                 f"{plan.predicted_speedup:.2f}x" if plan.acceptance is not None else "")
-    click.echo(f"Self-draft: {plan.file} ({_size(size)}, {len(plan.keep)} of {plan.block_count} blocks{measured}).")
+    click.echo(f"Self-draft: {plan.file} ({human_bytes(size)}, {len(plan.keep)} of {plan.block_count} blocks{measured}).")
     click.echo("Use it with --drafter self (chat, serve, run, bench).")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _model_file(name: str) -> Path:
-    from localspec.catalog import ModelSpec, load_catalog
-    from localspec.pull import model_path
-
-    path = Path(name)
-    if path.suffix == ".gguf" or path.exists():
-        return path
-    entry = load_catalog().resolve(name)
-    if not isinstance(entry, ModelSpec):
-        raise LocalspecError(f"'{name}' is a pair; give a model id or a GGUF path.")
-    return model_path(entry)
-
-
-def _draft_files(engine) -> list[tuple[str, str, int, str]]:
-    """(role, file name, size, note) of the drafts a bench ran with, for the report."""
-    out = []
-    if engine.draft is not None:
-        out.append(("draft model", engine.draft.path.name, engine.draft.path.stat().st_size, ""))
-    if getattr(engine, "self_draft", None) is not None:
-        out.append(("self-draft", engine.self_draft.path.name, engine.self_draft.path.stat().st_size,
-                    f", {engine.self_draft.n_layer} of {engine.target.n_layer} blocks"))
-    return out
-
-
-def _size(n: int | None) -> str:
-    if not n:
-        return "?"
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def main() -> None:

@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from localspec import paths
+from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
 
-DRAFTERS = ("auto", "model", "self", "ngram", "none")
+_SAMPLING = SamplingSettings()  # the sampling defaults live there, once
 
 
 @dataclass(frozen=True)
@@ -24,19 +26,19 @@ class ChatSettings:
 
     drafter: str = "auto"              # auto: the draft model or n-gram lookups, whichever the costs favour
     draft_len: int | None = None       # None: adaptive; a number: always draft that many tokens
-    temperature: float = 0.0           # 0 = greedy (reproducible, and what speculation gains most on)
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
+    temperature: float = _SAMPLING.temperature  # greedy: reproducible, and what speculation gains most on
+    top_k: int = _SAMPLING.top_k
+    top_p: float = _SAMPLING.top_p
+    min_p: float = _SAMPLING.min_p
+    repeat_penalty: float = _SAMPLING.repeat_penalty
     seed: int | None = None
     max_tokens: int = 1024
     system: str = ""
 
     def validated(self) -> "ChatSettings":
         problems = []
-        if self.drafter not in DRAFTERS:
-            problems.append(f"drafter must be one of {', '.join(DRAFTERS)}")
+        if self.drafter not in DRAFTER_SETTINGS:
+            problems.append(f"drafter must be one of {', '.join(DRAFTER_SETTINGS)}")
         if self.draft_len is not None and not 0 <= self.draft_len <= 32:
             problems.append("draft length must be 'auto' or 0-32")
         if not 0.0 <= self.temperature <= 5.0:
@@ -86,9 +88,7 @@ class ChatSettings:
                 continue
         return replace(base, **changes)
 
-    def sampling(self):
-        from localspec.engine.sampling import SamplingSettings
-
+    def sampling(self) -> SamplingSettings:
         return SamplingSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                                 repeat_penalty=self.repeat_penalty, seed=self.seed)
 

@@ -106,6 +106,7 @@ class History:
             "INSERT INTO conversations (title, model, settings, created, updated) VALUES (?, ?, ?, ?, ?)",
             (title, model, json.dumps(settings or {}), now, now),
         )
+        assert cur.lastrowid is not None
         return self.get(cur.lastrowid)
 
     def get(self, conversation_id: int) -> ConversationRow:

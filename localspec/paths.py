@@ -72,6 +72,11 @@ def history_db() -> Path:
     return data_dir() / "history.sqlite3"
 
 
+def server_socket() -> Path:
+    """Where `localspec serve` listens by default, and `chat --connect` dials."""
+    return runtime_dir() / "localspec.sock"
+
+
 def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 

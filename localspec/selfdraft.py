@@ -12,6 +12,7 @@ engine uses to choose draft lengths.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -180,9 +181,30 @@ def target_digest(target: Path) -> str:
         record = registry.valid(model_id)
         if record is not None and Path(record.path).resolve() == target.resolve():
             return record.sha256
+    # A file localspec did not pull is hashed once per version of it (path, size, mtime), not per load.
+    st = target.stat()
+    key = f"{target.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    cache_file = paths.cache_dir() / "digests.json"
+    try:
+        cache = json.loads(cache_file.read_text(encoding="utf-8"))
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache.get(key), str):
+        return cache[key]
     from localspec.pull import sha256_file
 
-    return sha256_file(target, f"hashing {target.name}")
+    digest = sha256_file(target, f"hashing {target.name}")
+    cache[key] = digest
+    try:
+        paths.ensure(cache_file.parent)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1), encoding="utf-8")
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass  # a read-only cache only costs the next load another hash
+    return digest
 
 
 def save_plan(plan: Plan) -> Path:
@@ -299,9 +321,8 @@ def search(target: Path, *, budget_s: float, prompts: Sequence[str] | None = Non
            n_threads: int | None = None, progress: Callable[[str], None] = lambda _m: None,
            work_dir: Path | None = None) -> Plan:
     """Evaluate candidate layer subsets within the time budget; return the best as a Plan (not yet saved)."""
-    from localspec.bench import speedup_bound
     from localspec.engine import adaptive
-    from localspec.engine.adaptive import CostModel
+    from localspec.engine.adaptive import CostModel, speedup_bound
     from localspec.engine.backend import Model, ModelOptions
     from localspec.engine.session import ChatTemplate
 
@@ -387,7 +408,9 @@ def _merit(plan: Plan) -> tuple[float, float]:
 
 
 def _ranges(layers: Sequence[int]) -> str:
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev = 0
     for x in layers:
         if start is None:
             start = prev = x

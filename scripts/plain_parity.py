@@ -135,15 +135,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3, help="runs per prompt and side (order alternates)")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--suite", default=None, help="use this bench suite's prompts instead of the held-out ones")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--variants", default="", help=f"comma-separated: {', '.join(VARIANTS)}")
     ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token comparison")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
 
-    from localspec.bench import LlamaPeer
+    from localspec.bench import LlamaPeer, load_suites
     from localspec.catalog import load_catalog
-    from localspec.engine.api import Engine, load
+    from localspec.engine.api import Engine
+    from localspec.loader import load
     from localspec.engine.backend import Model
 
     entry = args.entry or load_catalog().default_pair
@@ -155,7 +157,8 @@ def main() -> None:
         options = engine.target.options.with_(**VARIANTS[name])
         extra[name] = Engine(Model(engine.target.path, options), None)
     peer = LlamaPeer(engine.target.path, engine.n_ctx)
-    prompts = [engine.chat_tokens([{"role": "user", "content": text}]) for text in PROMPTS[:args.prompts]]
+    texts = PROMPTS if args.suite is None else [p.text for p in load_suites([args.suite])]
+    prompts = [engine.chat_tokens([{"role": "user", "content": text}]) for text in texts[:args.prompts]]
     print(f"target {engine.target.path.name}, draft {engine.draft.path.name if engine.draft else '-'}, "
           f"{args.tokens} tokens, {len(prompts)} prompts x {args.rounds} rounds, {os.cpu_count()} threads",
           file=sys.stderr)

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from localspec.engine.events import Prefill, Round, Tally
-from localspec.errors import ContextOverflowError
+from localspec.engine.contract import ChatEngine, ServedEngine, available_drafters, unavailable_drafter
+from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.tui.provider import Choice
 
 # Each step: (accepted text, rejected text, the target's own text)
@@ -19,36 +20,74 @@ STEPS = [
 ]
 
 
-class Cost:
-    plain_tokens_per_s = 10.0
+class ScriptedVocab:
+    """A tokenizer with FIM tokens: one token per character (ids 100 + code point), specials below 100."""
+
+    bos, eos, fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep = 1, 2, 3, 4, 5, 6, 7, 8
+    add_bos = True
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return ([self.bos] if add_special else []) + [100 + ord(c) for c in text]
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eos
 
 
 @dataclass
 class ScriptedEngine:
+    """Implements `ChatEngine` and `ServedEngine` (localspec.engine.contract); mypy checks it does
+    (tests/test_layers.py)."""
+
     steps: list = field(default_factory=lambda: list(STEPS))
     delay: float = 0.0
     hold: threading.Event | None = None      # when set, the engine waits for it after the first round
-    draft: object = "draft-model"
+    draft: bool = True                       # a draft model is loaded (offers the drafter "model")
     n_ctx: int = 4096
     fail_after: int | None = None            # raise mid-answer after this many rounds
     calls: list = field(default_factory=list)
     closed: bool = False
-    cost: Cost = field(default_factory=Cost)
+    baseline_tokens_per_s: float = 10.0
+    vocab: ScriptedVocab = field(default_factory=ScriptedVocab)
+    template_source: str = "scripted"
 
-    def chat(self, messages, *, cancel, max_tokens=512, sampling=None, drafter=None, draft_len=None):
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        return available_drafters(self.draft, False)
+
+    def chat(self, messages, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
+             cancel=None):
         self.calls.append({"messages": [dict(m) for m in messages], "max_tokens": max_tokens, "sampling": sampling,
                            "drafter": drafter, "draft_len": draft_len})
+        problem = unavailable_drafter(drafter or "auto", self.drafters)
+        if problem:
+            raise LocalspecError(problem)
         if sum(len(m["content"]) for m in messages) > self.n_ctx:
             raise ContextOverflowError("The prompt is longer than the context window holds.")
-        return self._events(cancel)
+        return self._events(cancel or threading.Event(), max_tokens)
 
-    def _events(self, cancel):
+    def chat_tokens(self, messages):
+        return self.vocab.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages))
+
+    def generate(self, prompt, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
+                 cancel=None):
+        tokens = self.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self.calls.append({"tokens": tokens, "max_tokens": max_tokens, "sampling": sampling, "drafter": drafter,
+                           "draft_len": draft_len, "stop": tuple(stop)})
+        problem = unavailable_drafter(drafter or "auto", self.drafters)
+        if problem:
+            raise LocalspecError(problem)
+        return self._events(cancel or threading.Event(), max_tokens)
+
+    def _events(self, cancel, max_tokens=512):
         yield Prefill(prompt_tokens=10, evaluated=10, cached=0, seconds=0.01)
         tally, text = Tally(), ""
         stop = "eog"
         for i, (acc, rej, tok) in enumerate(self.steps):
             if cancel.is_set():
                 stop = "cancelled"
+                break
+            if tally.generated >= max_tokens:
+                stop = "length"
                 break
             if self.fail_after is not None and i >= self.fail_after:
                 raise RuntimeError("llama_decode returned -3")
@@ -71,6 +110,10 @@ class ScriptedEngine:
 
     def close(self):
         self.closed = True
+
+
+_chat: type[ChatEngine] = ScriptedEngine  # the contracts, checked by mypy
+_served: type[ServedEngine] = ScriptedEngine
 
 
 class ScriptedProvider:

@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from localspec import bench as b
+from localspec import benchplot
+from localspec.engine.adaptive import expected_tokens, speedup_bound
 
 
 def run(prompt, variant, tps, tokens, temperature=0.0, repeat=0, drafted=0, accepted=0, rounds=10, drafting=0,
@@ -37,12 +39,12 @@ def test_summary_rows_add_up():
     assert edit.draft_length == pytest.approx(12 / 5)
     assert edit.acceptance_by_position == pytest.approx([4 / 5, 2 / 5, 1 / 2])
     assert edit.identical == pytest.approx((1.0 + 0.5) / 2)
-    assert edit.bound == pytest.approx(b.speedup_bound(7 / 12, lambda n: 0.1 + 0.02 * (n - 1), 0.0))
+    assert edit.bound == pytest.approx(speedup_bound(7 / 12, lambda n: 0.1 + 0.02 * (n - 1), 0.0))
     overall = next(r for r in rows if r.suite == "all" and r.variant == "ngram")
     assert overall.acceptance == pytest.approx(7 / 12)
     table = b.markdown(rows)
     assert table.count("\n") == len(rows) + 1 and "| edit | 0 | ngram |" in table
-    svg = b.svg(rows, "test")
+    svg = benchplot.svg(rows, "test")
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>") and "ngram" in svg
 
 
@@ -71,11 +73,11 @@ def test_speedups_are_against_the_faster_plain_decoding():
 
 def test_speedup_bound_is_the_best_length_under_the_costs():
     flat = lambda n: 1.0  # noqa: E731  a GPU-like verify: any small batch costs one token
-    assert b.speedup_bound(0.0, flat, 0.0) == pytest.approx(1.0)
-    assert b.speedup_bound(0.5, flat, 0.0, max_len=16) == pytest.approx(b.expected_tokens(0.5, 16))
-    assert b.expected_tokens(1.0, 3) == 4.0
+    assert speedup_bound(0.0, flat, 0.0) == pytest.approx(1.0)
+    assert speedup_bound(0.5, flat, 0.0, max_len=16) == pytest.approx(2 - 0.5 ** 16)  # 1 + 1/2 + ... + 1/2**16
+    assert expected_tokens([1.0] * 3) == 4.0
     steep = lambda n: float(n)  # noqa: E731  verifying n costs n tokens: drafting can never pay
-    assert b.speedup_bound(0.9, steep, 0.0) == pytest.approx(1.0)
+    assert speedup_bound(0.9, steep, 0.0) == pytest.approx(1.0)
 
 
 def test_suites_ship_at_least_eight_prompts_each():

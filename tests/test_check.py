@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ggufs import write_vocab_only
-from localspec.catalog import check_pair
+from localspec.engine.pairing import check_pair
 from localspec.engine.backend import VocabFile
 from localspec.errors import ModelFileError
 

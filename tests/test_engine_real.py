@@ -5,7 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from localspec.engine.api import Engine, EngineOptions, load
+from localspec.engine.api import Engine, EngineOptions
+from localspec.loader import load
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import Prefill, Round, Summary, answer_tokens
 from localspec.engine.session import Conversation

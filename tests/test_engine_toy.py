@@ -168,7 +168,7 @@ def test_a_draft_model_judged_bad_is_still_probed_now_and_then():
     # Cheap verification and a perfect, cheap draft model whose record says it is always wrong.
     engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
     engine.model_drafter.p_min = 0.0
-    planner = engine._planner_for("model", None)
+    planner = engine.planner_for("model", None)
     planner.model_acceptance.tried = [4000.0] * 8
     planner.model_acceptance.kept = [0.0] * 8
     judged = planner.model_acceptance.rates(1)[0]
@@ -198,13 +198,24 @@ def test_a_draft_model_expected_to_pay_is_ready_before_the_first_round():
 
 def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
     engine = _engine(drafter="model", noise=0.0, draft_cost=0.05)
-    planner = engine._planner_for("model", None, budget=1)
+    planner = engine.planner_for("model", None, budget=1)
     context = list(range(4, 44)) * 10  # 400 tokens the draft model has not seen
     rate = 3.0 / engine.cost.verify(1)
     assert engine.model_drafter.behind(context) == len(context)
-    assert not planner._catch_up_pays(engine.model_drafter, context, rate, 0.05)
+    assert not planner.catch_up_pays(engine.model_drafter, context, rate, 0.05)
     planner.budget = 10_000
-    assert planner._catch_up_pays(engine.model_drafter, context, rate, 0.05)
+    assert planner.catch_up_pays(engine.model_drafter, context, rate, 0.05)
+
+
+def test_the_longest_drafts_are_lengths_the_planner_can_choose():
+    """Lengths are chosen where the verify batch (k + 1 positions) was calibrated: the limits must be such lengths."""
+    from localspec.engine.adaptive import CALIBRATION_SIZES
+    from localspec.engine.speculative import Planner
+
+    options = EngineOptions()
+    assert options.max_draft_len + 1 in CALIBRATION_SIZES and options.max_copy_len + 1 in CALIBRATION_SIZES
+    planner = Planner(mode="auto", cost=CostModel(dict(COST)))
+    assert planner.max_len + 1 in CALIBRATION_SIZES and planner.copy_max_len + 1 in CALIBRATION_SIZES
 
 
 def test_each_request_prices_copies_from_the_priors_again():
@@ -212,7 +223,7 @@ def test_each_request_prices_copies_from_the_priors_again():
     the next: the n-gram tables start from their priors, so a bad request cannot lock the lookup out."""
     engine = _engine(draft=False, drafter="ngram")
     list(engine.generate([0, 20, 21, 22, 23, 20, 21, 22], max_tokens=80))
-    planner = engine._planner_for("ngram", None)
+    planner = engine.planner_for("ngram", None)
     assert all(sum(copies.tried) == 0 for copies in planner.copy_acceptance.values())
 
 

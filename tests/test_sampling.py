@@ -60,6 +60,13 @@ def test_one_hot_drafts_are_exact_too():
 
 
 def test_sampler_seed_makes_draws_repeatable():
-    s = SamplingSettings(temperature=0.8, seed=7)
+    """Two samplers with one seed draw the same long sequence; another seed draws another. (One draw from
+    a 10-way uniform would match by chance one time in ten with broken seeding; 64 draws, never.)"""
     p = np.full(10, 0.1)
-    assert [Sampler(s).draw(p) for _ in range(1)] == [Sampler(s).draw(p)]
+
+    def draws(seed):
+        sampler = Sampler(SamplingSettings(temperature=0.8, seed=seed))
+        return [sampler.draw(p) for _ in range(64)] + [round(sampler.uniform(), 12) for _ in range(8)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)

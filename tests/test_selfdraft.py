@@ -6,10 +6,10 @@ import sys
 import pytest
 
 from localspec import selfdraft
-from localspec.engine.api import load
+from localspec.loader import load
 from localspec.engine.backend import Model, ModelOptions, VocabFile
 from localspec.engine.events import Summary, answer_tokens
-from localspec.catalog import check_pair
+from localspec.engine.pairing import check_pair
 from localspec.errors import LocalspecError
 
 pytestmark = pytest.mark.model
@@ -97,3 +97,28 @@ def test_layer_lists_and_refused_architectures(tmp_path):  # needs no model
     broken.write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(LocalspecError, match="not a readable GGUF"):
         selfdraft.describe(broken)
+
+
+def test_a_gguf_that_was_not_pulled_is_hashed_once_per_version(tmp_path, monkeypatch):  # needs no model
+    """Opening a bare GGUF path looks up its self-draft by the file's sha256: computed once, not per load."""
+    import hashlib
+    import os
+
+    from localspec import pull, selfdraft
+
+    calls = []
+    real = pull.sha256_file
+
+    def counting(path, label=""):
+        calls.append(path)
+        return real(path, label)
+
+    monkeypatch.setattr(pull, "sha256_file", counting)
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 100)
+    expected = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    assert selfdraft.target_digest(gguf) == expected == selfdraft.target_digest(gguf)
+    assert len(calls) == 1
+    gguf.write_bytes(b"GGUF" + b"\1" * 100)  # a new version of the file is hashed again
+    os.utime(gguf, ns=(1, 1))
+    assert selfdraft.target_digest(gguf) == hashlib.sha256(gguf.read_bytes()).hexdigest() and len(calls) == 2

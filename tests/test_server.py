@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localspec.engine.api import load
+from localspec.loader import load
 from localspec.server.run import served_for, start_in_thread
 
 pytestmark = pytest.mark.model

@@ -24,7 +24,17 @@ async def until(pilot, condition, timeout=5.0):
 
 
 def make_app(provider=None, **kwargs):
-    return create_app(provider=provider or ScriptedProvider(), config=UserConfig(), **kwargs)
+    """The app, with every notification it shows recorded in `app.notes` (the messages, in order)."""
+    app = create_app(provider=provider or ScriptedProvider(), config=UserConfig(), **kwargs)
+    app.notes = []
+    shown = app.notify
+
+    def notify(message, *args, **kw):
+        app.notes.append(str(message))
+        return shown(message, *args, **kw)
+
+    app.notify = notify
+    return app
 
 
 async def send(pilot, text):
@@ -174,7 +184,7 @@ async def test_prompt_longer_than_the_context_is_reported_and_nothing_is_lost():
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "this prompt is far too long for the tiny context")
         await until(pilot, lambda: not app.generating)
-        notes = [n.message for n in app._notifications]
+        notes = list(app.notes)
         assert any("longer than the context" in n for n in notes)
         rows = app.history.messages(app.conversation.id)
         assert rows[0].content.startswith("this prompt") and rows[1].status == "error"
@@ -208,20 +218,20 @@ async def test_nothing_pulled_pulls_the_default_pair_then_chats():
 async def test_unknown_model_is_a_notification_and_the_picker_opens():
     app = make_app(entry_id="no-such-model")
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(0.1)
-        assert any("Unknown model" in n.message for n in app._notifications)
-        assert type(app.screen).__name__ == "ModelPicker"
+        await until(pilot, lambda: type(app.screen).__name__ == "ModelPicker")
+        assert any("Unknown model" in n for n in app.notes)
+        await until(pilot, lambda: app.screen.query_one("#choices").option_count == 2)  # listed off the loop
         await pilot.press("enter")  # the first, ready choice
         await until(pilot, lambda: app.engine is not None)
         assert app.engine_id == "pair-a"
 
 
 async def test_drafter_model_without_a_draft_model_is_refused_before_sending():
-    app = make_app(ScriptedProvider(ScriptedEngine(draft=None)), drafter="model")
+    app = make_app(ScriptedProvider(ScriptedEngine(draft=False)), drafter="model")
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "hi")
-        assert any("has no draft model" in n.message for n in app._notifications)
+        assert any("needs a draft model" in n for n in app.notes)
         assert app.prompt.text == "hi"  # the prompt stays for the user to send again
         assert app.history.messages(app.conversation.id) == []
 
@@ -256,12 +266,12 @@ async def test_rename_and_delete_from_the_sidebar():
         await send(pilot, "keep me")
         await until(pilot, lambda: not app.generating)
         app.action_rename_conversation()
-        await pilot.pause()
+        await until(pilot, lambda: type(app.screen).__name__ == "RenameScreen" and app.screen.query("#title"))
         app.screen.query_one("#title").value = "Renamed"
         await pilot.press("enter")
         await until(pilot, lambda: app.conversation.title == "Renamed")
         app.action_delete_conversation()
-        await pilot.pause()
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.query("Button"))
         await pilot.press("y")
         await until(pilot, lambda: app.conversation.title != "Renamed")
         assert [c.title for c in app.history.conversations()] == ["New chat"]
@@ -289,11 +299,10 @@ async def test_help_and_details_screens():
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await pilot.press("question_mark")
-        assert type(app.screen).__name__ == "HelpScreen"
+        await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen")
         await pilot.press("escape")
         await send(pilot, "hi")
         await until(pilot, lambda: not app.generating)
         app.log_view.query(SummaryLine).last().action_open()
-        await pilot.pause()
-        assert type(app.screen).__name__ == "DetailsScreen"
+        await until(pilot, lambda: type(app.screen).__name__ == "DetailsScreen" and app.screen.query("#details-spans"))
         assert "def add" in app.screen.query_one("#details-spans").visual.plain

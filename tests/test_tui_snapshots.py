@@ -1,5 +1,7 @@
 """Pictures of the main screen (pytest-textual-snapshot). Update with: pytest --snapshot-update."""
 
+import time
+
 import pytest
 from fakes import ScriptedProvider
 
@@ -37,7 +39,9 @@ def stored_conversation():
 
 async def settle(pilot):
     app = pilot.app
+    deadline = time.monotonic() + 10
     while app.engine is None:
+        assert time.monotonic() < deadline, "the scripted engine never loaded"
         await pilot.pause(0.02)
     app.clear_notifications()
     await pilot.pause()

@@ -28,11 +28,11 @@ class CostModel:
     """Seconds to verify a batch of n positions on the target: the calibrated cost of each batch size,
     times a speed factor learned from real rounds.
 
-    The calibration gives the shape (how much dearer 4 positions are than 1), which is what draft
-    lengths are chosen by; the machine's speed drifts (another process, thermal limits, a cached
-    calibration from a quieter hour), and that moves every size alike. Learning each size on its own
-    went wrong: sizes the planner uses drifted up while the rest kept their old figures and looked
-    cheap by comparison.
+    The rule: the calibration gives the shape (how much dearer 4 positions are than 1), which is what
+    draft lengths are chosen by; real rounds move one factor for every size alike, because the
+    machine's speed drifts (another process, thermal limits, a cached calibration from a quieter hour)
+    for all sizes at once. Per-size learning would let the sizes in use drift while unused ones kept
+    stale figures and looked cheap (tests/test_engine_toy.py: a slower machine moves every size alike).
     """
 
     verify_s: dict[int, float]  # the calibration; real rounds move `scale`, never these
@@ -189,6 +189,16 @@ def expected_tokens(rates: list[float]) -> float:
         run *= a
         total += run
     return total
+
+
+def speedup_bound(alpha: float, verify: Callable[[int], float], draft_per_token_s: float, max_len: int = 16) -> float:
+    """The best speedup over plain decoding that a drafter whose every token is kept with chance
+    `alpha` allows under these costs, over all draft lengths up to `max_len` (copies come in long runs
+    and can beat it: their later tokens are kept more often than their first)."""
+    best = 1.0
+    for k in range(1, max_len + 1):
+        best = max(best, expected_tokens([alpha] * k) * verify(1) / (verify(k + 1) + k * draft_per_token_s))
+    return best
 
 
 def margin_for(samples: float) -> float:

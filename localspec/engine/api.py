@@ -2,6 +2,7 @@
 
     from localspec import load
     engine = load("qwen2.5-coder-1.5b")          # a catalog pair, or paths: load("t.gguf", draft="d.gguf")
+                                                  # (localspec.loader resolves ids, then calls load_files)
     for event in engine.chat([{"role": "user", "content": "Reverse a list in Python"}]):
         ...                                       # Prefill, then one Round per step, then a Summary
 """
@@ -16,20 +17,23 @@ from typing import Iterator, Sequence
 
 from localspec.engine import adaptive
 from localspec.engine.adaptive import CostModel, DrafterCost
+from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
-from localspec.engine.speculative import DRAFTER_MODES, Planner, speculate
+from localspec.engine.speculative import Planner, speculate
 from localspec.errors import ContextOverflowError, LocalspecError
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    drafter: str = "auto"            # auto | model | self | ngram | none
+    drafter: str = "auto"            # one of contract.DRAFTER_SETTINGS
     draft_len: int | None = None     # None: adaptive; N: always draft N
-    max_draft_len: int = 8           # longest draft from a draft model or self-draft
+    # Longest draft from a draft model or self-draft. Lengths are chosen where the verify batch (k + 1
+    # positions) was calibrated (adaptive.CALIBRATION_SIZES), so 7: a batch of 8.
+    max_draft_len: int = 7
     max_copy_len: int = 15           # longest n-gram copy
     draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
     calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
@@ -80,13 +84,32 @@ class Engine:
     def n_ctx(self) -> int:
         return self.target.n_ctx
 
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        return available_drafters(self.model_drafter is not None, self.self_drafter is not None)
+
+    @property
+    def baseline_tokens_per_s(self) -> float:
+        return self.cost.plain_tokens_per_s
+
+    @property
+    def vocab(self):
+        return self.target.vocab
+
+    @property
+    def template_source(self) -> str:
+        return self.template.source
+
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         return self.template.tokens(self.target.vocab, messages)
 
     # ------------------------------------------------------------------ generation
 
-    def chat(self, messages: Sequence[Message], **kwargs) -> Iterator[Event]:
-        return self.generate(self.chat_tokens(messages), **kwargs)
+    def chat(self, messages: Sequence[Message], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
+             drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> Iterator[Event]:
+        return self.generate(self.chat_tokens(messages), max_tokens=max_tokens, sampling=sampling, drafter=drafter,
+                             draft_len=draft_len, stop=stop, cancel=cancel)
 
     def generate(
         self,
@@ -102,13 +125,9 @@ class Engine:
         """Prefill, then one Round per draft/verify step, then a Summary."""
         sampling = sampling or SamplingSettings()
         mode = drafter or self.options.drafter
-        if mode not in DRAFTER_MODES:
-            raise LocalspecError(f"Unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}.")
-        if mode == "model" and self.model_drafter is None:
-            raise LocalspecError("The drafter 'model' needs a draft model; this engine has none (try 'ngram').")
-        if mode == "self" and self.self_drafter is None:
-            raise LocalspecError("The drafter 'self' needs a self-draft; build one with `localspec draft make` "
-                                 "and load it (load(..., self_draft=PATH)).")
+        problem = unavailable_drafter(mode, self.drafters)
+        if problem:
+            raise LocalspecError(problem)
         fixed = self.options.draft_len if draft_len == "default" else draft_len
         tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
         if not tokens:
@@ -130,7 +149,7 @@ class Engine:
         finally:
             self._lock.release()
 
-    def _planner_for(self, mode: str, fixed: int | None, budget: int | None = None) -> Planner:
+    def planner_for(self, mode: str, fixed: int | None, budget: int | None = None) -> Planner:
         """One planner for the engine's lifetime: what it learned about the model drafters' acceptance
         and its probing back-off carry over from one request to the next (copies restart from their
         priors each request, see `Planner.configure`)."""
@@ -153,69 +172,26 @@ class Engine:
         return self._planner
 
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
-        vocab = self.target.vocab
-        planner = self._planner_for(mode, fixed, max_tokens)
+        planner = self.planner_for(mode, fixed, max_tokens)
         self.ngram.reset(prompt_len=len(prompt))
         self.openings.start(prompt)
-
         t0 = time.perf_counter()
-        keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
-        self.kv.rewind(keep)
-        self.kv.extend(prompt[keep:-1])
-        planner.prefill(prompt)
-        prefill = Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
-                          seconds=time.perf_counter() - t0)
+        prefill = self._prefill(prompt, planner, t0)
         yield prefill
 
-        sampler = Sampler(sampling)
-        stream = TextStream(stop)
-        tally = Tally()
+        sampler, stream, tally = Sampler(sampling), TextStream(stop), Tally()
         context = list(prompt)
         emitted: list[int] = []
-        generated = 0
         first_token_s = 0.0
+        stop_reason = "cancelled"
         t_start = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
-            draft_tokens = step.draft.tokens
-            offered = [*draft_tokens[:step.accepted], step.token]
-            kept: list[int] = []
-            ended = None
-            for tok in offered:
-                if vocab.is_eog(tok):
-                    ended = "eog"
-                    break
-                kept.append(tok)
-                generated += 1
-                if generated >= max_tokens:
-                    ended = "length"
-                    break
+            kept, ended = self._within_budget(step, max_tokens - tally.generated)
             if len(emitted) < self.openings.length:
                 emitted.extend(kept)
                 self.openings.remember(emitted)  # (in every mode: a plain answer shows how answers open too)
-            accepted = tuple(kept[:step.accepted])
-            token = kept[step.accepted] if len(kept) > step.accepted else None
-            rejected = tuple(draft_tokens[step.accepted:]) if ended is None or token is not None else ()
-
-            accepted_text, shown_a = stream.feed(b"".join(vocab.token_bytes(t) for t in accepted))
-            rejected_text = stream.piece(b"".join(vocab.token_bytes(t) for t in rejected))
-            token_text, shown_t = stream.feed(vocab.token_bytes(token)) if token is not None else ("", "")
-            if stream.stopped and ended is None:
-                ended = "stop"
-            event = Round(
-                index=tally.rounds,
-                drafter=step.draft.source if draft_tokens else "none",
-                accepted=accepted,
-                rejected=rejected,
-                token=token,
-                token_kind=step.kind if token is not None else "",
-                accepted_text=accepted_text,
-                rejected_text=rejected_text,
-                token_text=token_text,
-                text=shown_a + shown_t,
-                draft_s=step.draft.seconds,
-                verify_s=step.verify_s,
-                evidence=step.draft.evidence,
-            )
+            event = self._round(step, kept, ended, stream, tally.rounds)
+            ended = ended or ("stop" if stream.stopped else None)
             tally.add(event)
             if not first_token_s and event.emitted:
                 first_token_s = time.perf_counter() - t0
@@ -225,20 +201,61 @@ class Engine:
                 break
         else:
             stop_reason = "cancelled" if cancel.is_set() else "context"
-        tail = stream.flush()
         wall = time.perf_counter() - t_start
+        tail = stream.flush()
         if tail:
             # Text held back for a possible stop string that never came: release it as a last round.
             yield Round(index=tally.rounds, drafter="none", accepted=(), rejected=(), token=None, token_kind="",
                         accepted_text="", rejected_text="", token_text="", text=tail, draft_s=0.0, verify_s=0.0)
-        yield tally.summary(
-            text=stream.text,
-            stop_reason=stop_reason,
-            prefill=prefill,
-            wall_s=wall,
-            baseline_tokens_per_s=self.cost.plain_tokens_per_s,
-            drafter=mode if fixed is None else f"{mode} (fixed {fixed})",
-            first_token_s=first_token_s,
+        yield tally.summary(text=stream.text, stop_reason=stop_reason, prefill=prefill, wall_s=wall,
+                            baseline_tokens_per_s=self.cost.plain_tokens_per_s,
+                            drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s)
+
+    def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
+        """The prompt into the KV cache, all but its last token (the first round evaluates that one);
+        the longest cached prefix is kept."""
+        keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
+        self.kv.rewind(keep)
+        self.kv.extend(prompt[keep:-1])
+        planner.prefill(prompt)
+        return Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
+                       seconds=time.perf_counter() - t0)
+
+    def _within_budget(self, step, room: int) -> tuple[list[int], str | None]:
+        """The round's tokens (accepted draft, then the target's own) up to the end of the answer: an
+        end-of-generation token, or the token budget."""
+        kept: list[int] = []
+        for tok in [*step.draft.tokens[:step.accepted], step.token]:
+            if self.target.vocab.is_eog(tok):
+                return kept, "eog"
+            kept.append(tok)
+            if len(kept) >= room:
+                return kept, "length"
+        return kept, None
+
+    def _round(self, step, kept: list[int], ended: str | None, stream: TextStream, index: int) -> Round:
+        """The round as the front doors see it: what was kept, rejected and supplied, and its text."""
+        vocab = self.target.vocab
+        accepted = tuple(kept[:step.accepted])
+        token = kept[step.accepted] if len(kept) > step.accepted else None
+        rejected = tuple(step.draft.tokens[step.accepted:]) if ended is None or token is not None else ()
+        accepted_text, shown_a = stream.feed(b"".join(vocab.token_bytes(t) for t in accepted))
+        rejected_text = stream.piece(b"".join(vocab.token_bytes(t) for t in rejected))
+        token_text, shown_t = stream.feed(vocab.token_bytes(token)) if token is not None else ("", "")
+        return Round(
+            index=index,
+            drafter=step.draft.source if step.draft.tokens else "none",
+            accepted=accepted,
+            rejected=rejected,
+            token=token,
+            token_kind=step.kind if token is not None else "",
+            accepted_text=accepted_text,
+            rejected_text=rejected_text,
+            token_text=token_text,
+            text=shown_a + shown_t,
+            draft_s=step.draft.seconds,
+            verify_s=step.verify_s,
+            evidence=step.draft.evidence,
         )
 
     # ------------------------------------------------------------------ lifetime
@@ -265,10 +282,11 @@ class Engine:
 # ----------------------------------------------------------------------------- loading
 
 
-def load(
-    id_or_path: str,
+def load_files(
+    target_path: str | Path,
     *,
-    draft: str | None = None,
+    draft_path: str | Path | None = None,
+    self_draft_path: str | Path | None = None,
     drafter: str = "auto",
     draft_len: int | None = None,
     n_ctx: int = 4096,
@@ -276,57 +294,29 @@ def load(
     n_gpu_layers: int | None = None,
     draft_gpu_layers: int | None = None,
     calibrate: bool = True,
-    self_draft: str | Path | None = None,
 ) -> Engine:
-    """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id)."""
-    from localspec.catalog import PairSpec, load_catalog
+    """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
+    resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read."""
     from localspec.engine.backend import Model, ModelOptions
-    from localspec.pull import model_path
 
-    def is_path(name: str) -> bool:
-        return Path(name).suffix == ".gguf" or Path(name).exists()
-
-    target_path: Path
-    draft_path: Path | None = None
-    if is_path(id_or_path):
-        target_path = Path(id_or_path)
-    else:
-        entry = load_catalog().resolve(id_or_path)
-        if isinstance(entry, PairSpec):
-            target_path, draft_path = model_path(entry.target), model_path(entry.draft)
-        else:
-            target_path = model_path(entry)
-    if draft:
-        if is_path(draft):
-            draft_path = Path(draft)
-        else:
-            entry = load_catalog().resolve(draft)
-            if isinstance(entry, PairSpec):
-                raise LocalspecError(f"'{draft}' is a pair; a draft must be one model id or a GGUF path.")
-            draft_path = model_path(entry)
     if drafter in ("none", "ngram", "self"):
         draft_path = None  # do not spend memory on a draft that will not be used
-    if drafter == "self" and self_draft is None:
-        from localspec.selfdraft import find_self_draft
-
-        self_draft = find_self_draft(str(target_path))
-        if self_draft is None:
-            raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
-                                 f"`localspec draft make {id_or_path}`.")
-
+    target_path = Path(target_path)
     if draft_path is not None:
-        _require_pair(target_path, draft_path, f"{draft_path.name} cannot draft for {target_path.name}")
-    if self_draft is not None:
-        _require_pair(target_path, Path(self_draft), f"{Path(self_draft).name} is not a self-draft of {target_path.name}")
+        _require_pair(target_path, Path(draft_path), f"{Path(draft_path).name} cannot draft for {target_path.name}")
+    if self_draft_path is not None:
+        _require_pair(target_path, Path(self_draft_path),
+                      f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
     draft_model = self_model = None
     try:
         if draft_path is not None:
-            draft_model = Model(draft_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers))
-        if self_draft is not None:
-            self_model = Model(Path(self_draft), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
-                                                              n_gpu_layers=draft_gpu_layers))
+            draft_model = Model(Path(draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
+                                                               n_gpu_layers=draft_gpu_layers))
+        if self_draft_path is not None:
+            self_model = Model(Path(self_draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
+                                                                   n_gpu_layers=draft_gpu_layers))
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate)
         return Engine(target, draft_model, options, self_draft=self_model)
     except BaseException:
@@ -338,8 +328,8 @@ def load(
 
 def _require_pair(target_path: Path, draft_path: Path, complaint: str) -> None:
     """llama.cpp's pairing rules on the two vocabularies (vocab-only loads), before any weights are read."""
-    from localspec.catalog import check_pair
     from localspec.engine.backend import VocabFile
+    from localspec.engine.pairing import check_pair
     from localspec.errors import IncompatiblePairError
 
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
@@ -348,4 +338,6 @@ def _require_pair(target_path: Path, draft_path: Path, complaint: str) -> None:
         raise IncompatiblePairError(f"{complaint}: {report.first_failure}")
 
 
-__all__ = ["Engine", "EngineOptions", "load", "SamplingSettings"]
+_served: type[ServedEngine] = Engine  # the contract every front door relies on, checked by mypy
+
+__all__ = ["Engine", "EngineOptions", "load_files", "SamplingSettings"]

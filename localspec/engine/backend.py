@@ -134,8 +134,9 @@ class ModelOptions:
     n_batch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
-    flash_attn: bool | None = None    # None: llama.cpp decides
-    mmap: bool | None = None          # None: mmap (llama.cpp decides); False: read into memory (less RSS, slower here)
+    flash_attn: bool | None = None    # None: llama.cpp decides (scripts/plain_parity.py --variants compares)
+    mmap: bool | None = None          # None: llama.cpp decides (mmap on CPUs); False: read into memory (less RSS,
+                                      # slower decoding on CPUs); True: mmap explicitly
     n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
 
     def with_(self, **changes) -> "ModelOptions":
@@ -145,9 +146,9 @@ class ModelOptions:
         return self.n_threads or max(1, os.cpu_count() or 1)
 
     def load_mode(self) -> int:
-        # mmap by default. Reading the weights into memory instead saves ~0.6 GB of resident pages on
-        # the CPU for Qwen2.5-Coder-1.5B (llama.cpp keeps the mapped originals beside its repacked
-        # copy), but decoded 9% slower here (13.7 vs 15.1 tok/s, interleaved runs): mmap=False opts in.
+        # mmap by default: reading the weights into memory saves the mapped originals' resident pages
+        # (llama.cpp keeps them beside its CPU-repacked copy) but decodes slower on CPUs (README,
+        # "Performance": memory); mmap=False opts in.
         if self.mmap is None:
             return L.LLAMA_LOAD_MODE_AUTO
         return L.LLAMA_LOAD_MODE_MMAP if self.mmap else L.LLAMA_LOAD_MODE_NONE
@@ -358,6 +359,7 @@ class Model:
             raise LocalspecError(f"At most {limit} logits rows per decode call; {len(wanted)} asked.")
         rows: dict[int, np.ndarray] = {}
         batch = self._batch
+        assert batch is not None, "decode after close()"
         for chunk_start in range(0, len(tokens), self.n_batch):
             chunk = tokens[chunk_start:chunk_start + self.n_batch]
             batch.n_tokens = len(chunk)
@@ -391,6 +393,10 @@ class Model:
         L.llama_memory_clear(self._memory, True)
 
     # --- lifetime
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
 
     def close(self) -> None:
         if self._batch is not None:

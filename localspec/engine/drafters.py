@@ -181,7 +181,7 @@ class NgramDrafter:
         t0 = time.perf_counter()
         tokens, evidence = self.lookup(context, max_len)
         return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
-                     age=self._age if tokens else 0, from_prompt=bool(tokens) and self._last_start < self.prompt_len,
+                     age=self._age if tokens else 0, from_prompt=self._last_start is not None and bool(tokens) and self._last_start < self.prompt_len,
                      seconds=time.perf_counter() - t0)
 
     def observe(self, draft: Draft, accepted: int, token: int | None = None) -> None:

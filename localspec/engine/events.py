@@ -7,7 +7,7 @@ change them only by adding fields.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Union
+from typing import Any, Iterable, Union
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Prefill:
     cached: int      # prompt tokens reused from the KV cache
     seconds: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": "prefill", **asdict(self)}
 
 
@@ -49,7 +49,7 @@ class Round:
     def emitted(self) -> int:
         return len(self.accepted) + (self.token is not None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": "round", **asdict(self)}
 
 
@@ -77,8 +77,9 @@ class Summary:
     drafter: str                      # the drafter setting ("auto", "model", "ngram", "none")
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
     first_token_s: float = 0.0        # from the request to the first answer token: prompt + first round
+    kept_by_position: tuple[int, ...] = ()  # draft tokens kept at each draft position (of drafted_by_position)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
 
     def one_line(self) -> str:
@@ -94,7 +95,15 @@ class Summary:
 Event = Union[Prefill, Round, Summary]
 
 
-def answer_tokens(events) -> list[int]:
+def kept_counts(stats: dict[str, Any]) -> list[int]:
+    """Draft tokens kept at each position, from a stored summary; summaries stored before the counts
+    were kept give them back from the rates (exact: rate x tries was computed from whole counts)."""
+    if stats.get("kept_by_position"):
+        return list(stats["kept_by_position"])
+    return [round(r * n) for r, n in zip(stats.get("acceptance_by_position") or [], stats.get("drafted_by_position") or [])]
+
+
+def answer_tokens(events: Iterable[Event]) -> list[int]:
     """The token ids of the answer, in order, from a stream of events."""
     out: list[int] = []
     for event in events:
@@ -163,4 +172,5 @@ class Tally:
             drafter=drafter,
             rounds_by_drafter=dict(self.by_drafter),
             first_token_s=first_token_s,
+            kept_by_position=tuple(self.kept_at),
         )

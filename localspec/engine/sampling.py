@@ -8,7 +8,7 @@ Filter order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -101,7 +101,13 @@ class Sampler:
         return float(self.rng.random())
 
 
-def accept_greedy(draft: Sequence[int], target_choice: Sequence[int]) -> tuple[int, int]:
+class Choices(Protocol):
+    """The target's choice at row i (a list, or rows computed only when asked for)."""
+
+    def __getitem__(self, i: int) -> int: ...
+
+
+def accept_greedy(draft: Sequence[int], target_choice: Choices) -> tuple[int, int]:
     """Keep the longest draft prefix that matches the target's argmax; then the target's own token.
 
     `target_choice[i]` is the target's argmax after the first i draft tokens (len(draft) + 1 entries).

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, cast
 
+from localspec.engine.contract import ChatEngine
 from localspec.engine.events import Event, Summary
 
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
@@ -47,7 +48,8 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Message]) -> str:
         try:
-            return self._formatter(messages=list(messages)).prompt
+            # llama-cpp-python types messages as TypedDicts; ours are plain dicts of the same keys.
+            return self._formatter(messages=cast(Any, list(messages))).prompt
         except Exception as exc:  # a template's raise_exception or a Jinja error
             from localspec.errors import LocalspecError
 
@@ -112,17 +114,21 @@ class TextStream:
         return out
 
 
+def with_system(system: str | None, turns: Sequence[Message]) -> list[Message]:
+    """The messages a chat template gets: the system prompt (if any) first, then the turns."""
+    return ([{"role": "system", "content": system}] if system else []) + list(turns)
+
+
 @dataclass
 class Conversation:
     """A system prompt and the turns so far; `send` streams the next answer's events."""
 
-    engine: object
+    engine: ChatEngine
     system: str | None = None
     messages: list[Message] = field(default_factory=list)
 
     def all_messages(self) -> list[Message]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages
+        return with_system(self.system, self.messages)
 
     def send(self, text: str, **options) -> Iterator[Event]:
         self.messages.append({"role": "user", "content": text})

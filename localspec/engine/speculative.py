@@ -18,12 +18,10 @@ import numpy as np
 
 from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, PROMPT_COPY_PRIORS, Acceptance, CopyAcceptance, CostModel,
                                        DrafterCost, best_length, margin_for)
+from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
-
-DRAFTER_MODES = ("auto", "model", "self", "ngram", "none")
-
 
 @dataclass
 class Step:
@@ -105,7 +103,7 @@ class Planner:
     ngram: NgramDrafter | None = None
     openings: OpeningDrafter | None = None      # how this session's other answers began
     fixed_len: int | None = None
-    max_len: int = 8            # longest model draft
+    max_len: int = 7            # longest model draft (a verify batch of 8, a calibrated size)
     copy_max_len: int = 15      # longest n-gram copy (free to draft; 16 positions batch well on CPUs)
     copy_min_len: int = 3       # a copy may always draft this many, however young
     probe_every: int = 16
@@ -130,15 +128,15 @@ class Planner:
 
     def configure(self, mode: str, fixed_len: int | None, budget: int | None = None) -> None:
         """Settings of the next generation, and how much of what was learned it starts from."""
-        if mode not in DRAFTER_MODES:
-            raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_MODES)}")
+        if mode not in DRAFTER_SETTINGS:
+            raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_SETTINGS)}")
         self.mode, self.fixed_len = mode, fixed_len
         if budget is not None:
             self.budget = budget
         # What earlier requests taught about a model drafter is kept as a prior at reduced weight, so
         # this request's own evidence takes over within a few rounds. Copies start from their priors:
-        # requests differ most there (an edit copies its input, a story does not), and carrying an
-        # edit's record into a code question drafted its prompt's words there at a loss (measured).
+        # requests differ most there (an edit copies its input, a story does not); an edit's record
+        # carried into a code question drafts its prompt's words at a loss (scripts/replay_planner.py).
         for acceptance in (self.model_acceptance, self.self_acceptance):
             acceptance.tried = [t * 0.3 for t in acceptance.tried]
             acceptance.kept = [k * 0.3 for k in acceptance.kept]
@@ -169,7 +167,7 @@ class Planner:
         """Bring the prompt into the model drafters that this request is expected to draft with.
 
         A drafter the planner does not expect to use costs nothing: no prefill now, and a catch-up
-        (priced, see `_catch_up_pays`) only when it first wins a round. On a CPU the default pair's
+        (priced, see `catch_up_pays`) only when it first wins a round. On a CPU the default pair's
         draft model never pays, and prefilling it added ~50% to the time to first token
         (scripts/plain_parity.py measures both)."""
         cap = self.fixed_len if self.fixed_len is not None else self.max_len
@@ -178,7 +176,7 @@ class Planner:
             if forced or self._choose(name, cap, cost.per_token_s)[0] > 0:
                 drafter.prepare(context)
 
-    def _catch_up_pays(self, drafter: ModelDrafter, context: list[int], rate: float, per_token_s: float) -> bool:
+    def catch_up_pays(self, drafter: ModelDrafter, context: list[int], rate: float, per_token_s: float) -> bool:
         """Whether drafting at `rate` tokens/s over the rest of the answer repays bringing the drafter's
         cache up to date first. A catch-up is a batched prefill: priced as the target's per-position
         cost in its largest calibrated batch, scaled by how much cheaper a draft token is than a target
@@ -216,7 +214,7 @@ class Planner:
                 options.append((0.0 if options else float("inf"), name, cap, None))
             else:
                 k, rate = self._choose(name, cap, cost.per_token_s)
-                if k > 0 and not self._catch_up_pays(drafter, context, rate, cost.per_token_s):
+                if k > 0 and not self.catch_up_pays(drafter, context, rate, cost.per_token_s):
                     k = 0
                 options.append((rate, name, k, None))
 
@@ -235,8 +233,9 @@ class Planner:
             proposal.tokens = proposal.tokens[:k]
             return proposal
         self._since_tried[name] = 0
-        drafter = self.self_model if name == "self" else self.model
-        return drafter.propose(context, k, sampler)  # type: ignore[union-attr]
+        chosen = self.self_model if name == "self" else self.model
+        assert chosen is not None  # only drafters the engine has are offered
+        return chosen.propose(context, k, sampler)
 
     def _choose_copy(self, proposal: Draft) -> tuple[int, float]:
         """Length of an n-gram copy: priced by what copies of each age did, and no longer than twice
@@ -255,8 +254,8 @@ class Planner:
 
         Probes cost real time (a model draft must first catch up on everything decoded since), and a
         drafter that cannot pay on this machine even when nearly always right is never probed. Lookups
-        are not probed: each request starts again from the priors of copies by age, and probing the
-        young copies that were judged not worth drafting cost code answers 3% (measured).
+        are not probed: each request starts again from the priors of copies by age, and probing young
+        copies judged not worth drafting costs code answers (scripts/replay_planner.py measures it).
         """
         self._waited += 1
         if self._waited < self._probe_wait:
@@ -268,7 +267,7 @@ class Planner:
                 continue
             per_token = (self.self_cost if name == "self" else self.model_cost).per_token_s
             k, rate = best_length([PLAUSIBLE_BEST_ACCEPTANCE] * self.max_len, self.cost, per_token)
-            if k > 0 and self._catch_up_pays(drafters[name], context, rate, per_token):
+            if k > 0 and self.catch_up_pays(drafters[name], context, rate, per_token):
                 candidates.append((self._since_tried.get(name, 10**9), name))  # never tried: first
         if not candidates:
             return None

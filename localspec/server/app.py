@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -104,6 +105,7 @@ def _describe(exc: RequestValidationError) -> str:
 
 def _error(request: Request, status: int, message: str, kind: str) -> Response:
     path = request.url.path
+    body: dict[str, Any]
     if path.startswith("/v1/"):
         body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     elif path.startswith("/api/"):

@@ -1,14 +1,18 @@
-"""What the dialects share: errors, request fields, the served model's names, FIM prompts, streaming."""
+"""What the dialects share: errors, request fields, the served model's names, FIM prompts, and the one
+streaming skeleton (`stream`), of which each dialect supplies only the formatting (`StreamFormat`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Iterable
+
+from fastapi.responses import StreamingResponse
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from localspec.engine.contract import DRAFTER_SETTINGS, ServedEngine
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import ContextOverflowError, LocalspecError
@@ -50,7 +54,7 @@ def compact(obj: Any) -> bytes:
 class Served:
     """The loaded engine and the names clients may call it by."""
 
-    engine: Any
+    engine: ServedEngine
     scheduler: Scheduler
     name: str
     aliases: frozenset[str]
@@ -74,7 +78,14 @@ class Served:
 
     @property
     def vocab(self):
-        return self.engine.target.vocab
+        return self.engine.vocab
+
+    def text_tokens(self, text: str, *, special: bool) -> list[int]:
+        """A prompt sent as text. `special`: parse special tokens in it, as llama.cpp's `/completion` and
+        Ollama's `raw` mode do, whose clients write chat-template and FIM markers as text. OpenAI's
+        legacy completions and localspec's own prompts do not: there a typed '<|im_end|>' is text, never
+        the end of a turn. (Prefix and suffix of an infill are never parsed: see `fim_tokens`.)"""
+        return self.vocab.tokenize(text, add_special=True, parse_special=special)
 
     def chat_tokens(self, messages: list[dict]) -> list[int]:
         """A conversation through the model's chat template; a template that rejects it is a 400."""
@@ -106,8 +117,8 @@ class Served:
         if max_tokens is None or max_tokens < 0:
             max_tokens = room
         stops = [f.stop] if isinstance(f.stop, str) else list(f.stop or [])
-        if f.drafter is not None and f.drafter not in ("auto", "model", "self", "ngram", "none"):
-            raise ApiError(400, f"drafter must be one of auto, model, self, ngram, none (got '{f.drafter}').")
+        if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
+            raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
                    sampling=self.sampling(f, default_temperature, seed), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)
@@ -125,6 +136,8 @@ class Served:
             raise ApiError(400, str(exc)) from None
         except RuntimeError as exc:
             raise ApiError(500, str(exc), "server_error") from None
+        if not isinstance(first, Prefill):
+            raise ApiError(500, "The engine did not start with the prompt.", "server_error")
         return first, events
 
 
@@ -156,6 +169,54 @@ async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Su
         raise ApiError(500, str(exc), "server_error") from None
     finally:
         watcher.cancel()
+
+
+def finish_reason(summary: Summary) -> str:
+    """OpenAI's `finish_reason` and Ollama's `done_reason`: the budget or the context ran out, or not."""
+    return "length" if summary.stop_reason in ("length", "context") else "stop"
+
+
+@dataclass
+class StreamFormat:
+    """What one dialect writes for the events of a stream; `stream` is the rest, shared."""
+
+    media_type: str
+    round: Callable[[Round], bytes | None]          # a chunk for a round's text, or None for nothing
+    summary: Callable[[Summary], Iterable[bytes]]   # the closing chunk(s) with the statistics
+    error: Callable[[ApiError], bytes]              # a failure after the response has started
+    opening: Iterable[bytes] = ()
+    closing: Iterable[bytes] = ()                   # after the summary (not after an error)
+
+
+def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
+    """A streamed response: the dialect's chunks for each event; an error mid-stream becomes the
+    dialect's error chunk (the status line is long gone); the generation is cancelled if the client
+    leaves (closing `events` does that)."""
+
+    async def body():
+        try:
+            for chunk in fmt.opening:
+                yield chunk
+            async for event in events:
+                if isinstance(event, Round):
+                    chunk = fmt.round(event)
+                    if chunk:
+                        yield chunk
+                elif isinstance(event, Summary):
+                    for chunk in fmt.summary(event):
+                        yield chunk
+            for chunk in fmt.closing:
+                yield chunk
+        except ApiError as exc:
+            yield fmt.error(exc)
+        except LocalspecError as exc:
+            yield fmt.error(ApiError(400, str(exc)))
+        except RuntimeError as exc:  # the engine failed mid-answer; the scheduler keeps serving
+            yield fmt.error(ApiError(500, str(exc), "server_error"))
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(body(), media_type=fmt.media_type)
 
 
 def speculation(summary: Summary) -> dict:

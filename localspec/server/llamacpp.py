@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -9,9 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from localspec.engine.events import Prefill, Round, Summary
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, collect, compact, fim_tokens,
-                                     speculation)
-from localspec.server.scheduler import Limits, stop_type
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
+                                     fim_tokens, speculation, stream)
 
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's
 
@@ -54,7 +54,7 @@ def router(served: Served) -> APIRouter:
                                             "model": served.name},
             "total_slots": 1,
             "model_path": served.name,
-            "chat_template": getattr(served.engine.template, "source", ""),
+            "chat_template": served.engine.template_source,
             "build_info": "localspec",
         }), media_type="application/json")
 
@@ -65,7 +65,7 @@ def router(served: Served) -> APIRouter:
         if isinstance(body.prompt, list):
             tokens = list(body.prompt)
         else:
-            tokens = served.vocab.tokenize(body.prompt, add_special=True, parse_special=True)
+            tokens = served.text_tokens(body.prompt, special=True)
         return await _respond(served, request, body, tokens, "completion")
 
     @api.post("/infill")
@@ -112,26 +112,23 @@ async def _stream(served: Served, body: CompletionRequest, tokens: list[int], en
     prefill, events = await served.start(job)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
 
-    async def chunks():
-        text = []
-        try:
-            async for event in events:
-                if isinstance(event, Round):
-                    piece = limits.feed(event.text)
-                    if limits.hit:
-                        job.cancel.set()
-                    if piece:
-                        text.append(piece)
-                        yield b"data: " + compact({"content": piece, "stop": False, "index": 0}) + b"\n\n"
-                elif isinstance(event, Summary):
-                    final = _result(served, "", prefill, event, limits.hit, body.n_predict == 0)
-                    yield b"data: " + compact(_shape(final, body.response_fields)) + b"\n\n"
-        except ApiError as exc:
-            yield b"data: " + compact({"error": {"code": exc.status, "message": exc.message, "type": exc.kind}}) + b"\n\n"
-        finally:
-            await events.aclose()
+    def chunk(event: Round) -> bytes | None:
+        piece = limits.feed(event.text)
+        if limits.hit:
+            job.cancel.set()
+        return b"data: " + compact({"content": piece, "stop": False, "index": 0}) + b"\n\n" if piece else None
 
-    return StreamingResponse(chunks(), media_type="text/event-stream")
+    def final(event: Summary) -> list[bytes]:
+        result = _result(served, "", prefill, event, limits.hit, body.n_predict == 0)
+        return [b"data: " + compact(_shape(result, body.response_fields)) + b"\n\n"]
+
+    return stream(events, StreamFormat(
+        media_type="text/event-stream",
+        round=chunk,
+        summary=final,
+        error=lambda exc: b"data: " + compact({"error": {"code": exc.status, "message": exc.message,
+                                                         "type": exc.kind}}) + b"\n\n",
+    ))
 
 
 def _result(served: Served, content: str, prefill: Prefill, summary: Summary, limited: bool, warm_up: bool) -> dict:
@@ -189,3 +186,46 @@ def _shape(result: dict, fields: list[str] | None) -> dict:
                 continue
         # unresolved (or empty) path: omitted
     return out
+
+
+def stop_type(summary: Summary, limited: bool) -> str:
+    """llama.cpp's names for why a generation ended."""
+    if limited:
+        return "limit"
+    return {"eog": "eos", "stop": "word", "length": "limit"}.get(summary.stop_reason, "limit")
+
+
+class Limits:
+    """llama.cpp's editor limits on a completion: `n_indent` and `t_max_predict_ms`.
+
+    n_indent: once a line starts with less indentation than this, the completion ends before it.
+    t_max_predict_ms: after this long (from the first token) and once a newline was produced, end.
+    """
+
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: int | None = None):
+        self.n_indent = n_indent
+        self.t_max = t_max_predict_ms / 1000 if t_max_predict_ms else None
+        self.text = ""
+        self.hit = False
+        self._started: float | None = None
+
+    def feed(self, piece: str) -> str:
+        """The part of `piece` to emit; sets `hit` when the completion must end."""
+        if self.hit or not piece:
+            return ""
+        if self._started is None:
+            self._started = time.perf_counter()
+        before = len(self.text)
+        self.text += piece
+        if self.n_indent > 0:
+            offset = 0
+            for i, line in enumerate(self.text.split("\n")):
+                stripped = line.lstrip(" \t")
+                if i > 0 and stripped and len(line) - len(stripped) < self.n_indent:
+                    self.hit = True
+                    self.text = self.text[:offset]
+                    return self.text[before:] if len(self.text) > before else ""
+                offset += len(line) + 1
+        if self.t_max and "\n" in self.text and time.perf_counter() - self._started > self.t_max:
+            self.hit = True
+        return self.text[before:]

@@ -6,14 +6,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 from pydantic import Field, model_validator
 
-from localspec.engine.events import Prefill
-from localspec.server.common import ApiError, Loose, SamplingFields, Served, compact
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.server.common import Loose, SamplingFields, Served, StreamFormat, compact, stream
 
 
 class Message(Loose):
@@ -33,40 +30,33 @@ class GenerateRequest(SamplingFields):
         return self
 
 
-def event_dict(event) -> dict:
-    if isinstance(event, Prefill):
-        return {"type": "prefill", **asdict(event)}
-    return event.to_dict()
-
-
 def router(served: Served) -> APIRouter:
     api = APIRouter(prefix="/localspec/v1")
 
     @api.get("/info")
     def info():
-        cost = getattr(served.engine, "cost", None)
-        return {"model": served.name, "n_ctx": served.n_ctx, "has_draft": served.engine.draft is not None,
-                "baseline_tokens_per_s": getattr(cost, "plain_tokens_per_s", 0.0)}
+        engine = served.engine
+        return {"model": served.name, "n_ctx": served.n_ctx, "has_draft": "model" in engine.drafters,
+                "drafters": list(engine.drafters), "baseline_tokens_per_s": engine.baseline_tokens_per_s}
 
     @api.post("/generate")
     async def generate(body: GenerateRequest):
         if body.messages is not None:
             tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
         else:
-            tokens = served.vocab.tokenize(body.prompt or "", add_special=True, parse_special=False)
+            tokens = served.text_tokens(body.prompt or "", special=False)
         job = served.job(tokens, body.max_tokens, body, 0.0, "native")
         first, events = await served.start(job)
 
-        async def lines():
-            try:
-                yield compact(event_dict(first)) + b"\n"
-                async for event in events:
-                    yield compact(event_dict(event)) + b"\n"
-            except ApiError as exc:
-                yield compact({"type": "error", "message": exc.message}) + b"\n"
-            finally:
-                await events.aclose()
+        def line(event: Prefill | Round | Summary) -> bytes:
+            return compact(event.to_dict()) + b"\n"
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return stream(events, StreamFormat(
+            media_type="application/x-ndjson",
+            opening=[line(first)],
+            round=line,
+            summary=lambda event: [line(event)],
+            error=lambda exc: compact({"type": "error", "message": exc.message}) + b"\n",
+        ))
 
     return api

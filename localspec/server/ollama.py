@@ -6,13 +6,14 @@ import time
 from datetime import datetime, timezone
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import Field
 
 from localspec import __version__
-from localspec.engine.events import Prefill, Round, Summary
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, collect, compact, fim_tokens,
-                                     speculation)
+from localspec.engine.events import Prefill, Summary
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
+                                     fim_tokens, finish_reason, speculation)
+from localspec.server.common import stream as stream_events  # `stream` is also a request field here
 
 DEFAULT_TEMPERATURE = 0.8  # Ollama's
 
@@ -95,7 +96,7 @@ def router(served: Served) -> APIRouter:
         if body.suffix is not None and not body.raw:
             tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
         elif body.raw:
-            tokens = served.vocab.tokenize(body.prompt, add_special=True, parse_special=True)
+            tokens = served.text_tokens(body.prompt, special=True)
         else:
             if not body.prompt:
                 # Ollama loads the model and answers done for an empty prompt.
@@ -135,26 +136,18 @@ async def _respond(served: Served, request: Request, model: str, options: Option
     if not stream:
         summary = await collect(request, job, events)
         return Response(line(summary.text, summary), media_type="application/json")
-
-    async def body():
-        try:
-            async for event in events:
-                if isinstance(event, Round) and event.text:
-                    yield line(event.text)
-                elif isinstance(event, Summary):
-                    yield line("", event)
-        except ApiError as exc:
-            yield compact({"error": exc.message}) + b"\n"
-        finally:
-            await events.aclose()
-
-    return StreamingResponse(body(), media_type="application/x-ndjson")
+    return stream_events(events, StreamFormat(
+        media_type="application/x-ndjson",
+        round=lambda event: line(event.text) if event.text else None,
+        summary=lambda event: [line("", event)],
+        error=lambda exc: compact({"error": exc.message}) + b"\n",
+    ))
 
 
 def _final(prefill: Prefill, summary: Summary) -> dict:
     ns = 1_000_000_000
     return {
-        "done_reason": "length" if summary.stop_reason in ("length", "context") else "stop",
+        "done_reason": finish_reason(summary),
         "total_duration": int((prefill.seconds + summary.wall_s) * ns),
         "load_duration": 0,
         "prompt_eval_count": prefill.evaluated,

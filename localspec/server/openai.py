@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
-from localspec.engine.events import Prefill, Round, Summary
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, collect, compact, fim_tokens,
-                                     speculation)
+from localspec.engine.events import Prefill, Summary
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
+                                     fim_tokens, finish_reason, speculation, stream)
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
 
@@ -87,7 +87,7 @@ def router(served: Served) -> APIRouter:
         return JSONResponse({
             "id": ident, "object": "chat.completion", "created": created, "model": served.name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": summary.text},
-                         "logprobs": None, "finish_reason": _finish(summary)}],
+                         "logprobs": None, "finish_reason": finish_reason(summary)}],
             "usage": _usage(prefill, summary),
             "localspec": speculation(summary),
         })
@@ -104,7 +104,7 @@ def router(served: Served) -> APIRouter:
         if body.suffix is not None:
             tokens = fim_tokens(served, prompt, body.suffix, [], n_predict=body.max_tokens or 16)
         else:
-            tokens = served.vocab.tokenize(prompt, add_special=True, parse_special=False)
+            tokens = served.text_tokens(prompt, special=False)
         job = served.job(tokens, max(1, body.max_tokens or 16), body, DEFAULT_TEMPERATURE, "completions")
         prefill, events = await served.start(job)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -115,16 +115,12 @@ def router(served: Served) -> APIRouter:
         text = (prompt if body.echo else "") + summary.text
         return JSONResponse({
             "id": ident, "object": "text_completion", "created": created, "model": served.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(summary)}],
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(summary)}],
             "usage": _usage(prefill, summary),
             "localspec": speculation(summary),
         })
 
     return api
-
-
-def _finish(summary: Summary) -> str:
-    return "length" if summary.stop_reason in ("length", "context") else "stop"
 
 
 def _usage(prefill: Prefill, summary: Summary) -> dict:
@@ -144,22 +140,16 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    async def body():
-        try:
-            if chat:
-                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])
-            async for event in events:
-                if isinstance(event, Round) and event.text:
-                    yield chunk([choice(event.text, None)])
-                elif isinstance(event, Summary):
-                    yield chunk([choice(None, _finish(event))], localspec=speculation(event))
-                    if usage:
-                        yield chunk([], usage=_usage(prefill, event))
-            yield b"data: [DONE]\n\n"
-        except ApiError as exc:
-            yield b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n"
-        finally:
-            await events.aclose()
+    def summary(event: Summary) -> list[bytes]:
+        last = [chunk([choice(None, finish_reason(event))], localspec=speculation(event))]
+        return last + ([chunk([], usage=_usage(prefill, event))] if usage else [])
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    return stream(events, StreamFormat(
+        media_type="text/event-stream",
+        opening=[role] if chat else [],
+        round=lambda event: chunk([choice(event.text, None)]) if event.text else None,
+        summary=summary,
+        closing=[b"data: [DONE]\n\n"],
+        error=lambda exc: b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n",
+    ))

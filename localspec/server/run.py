@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 from localspec import paths
+from localspec.engine.contract import describe_drafters
 from localspec.errors import LocalspecError
 from localspec.server.common import Served
 from localspec.server.scheduler import Scheduler
 
 DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no editor configuration needed
-
-
-def default_socket() -> Path:
-    return paths.runtime_dir() / "localspec.sock"
 
 
 def served_for(engine, entry_id: str) -> Served:
@@ -145,7 +142,6 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
         sockets.append(bind_unix(socket_path))
     app = create_server_app(served, api_key=api_key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=3))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -161,7 +157,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None]) -> None:
     import uvicorn
 
-    from localspec.engine.api import load
+    from localspec.loader import load
     from localspec.server.app import create_server_app
 
     remote = not is_loopback(host)
@@ -175,8 +171,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     app = create_server_app(served, api_key=api_key, any_host=remote)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{tcp.getsockname()[1]}"
-    draft = "draft model + n-gram" if engine.draft is not None else "n-gram lookup"
-    say(f"localspec is serving {served.name} ({draft}, {engine.n_ctx} tokens of context)")
+    say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {engine.n_ctx} tokens of context)")
     say(f"  TCP          {url}")
     if unix is not None:
         say(f"  Unix socket  {socket_path}  (curl --unix-socket {socket_path} http://localhost/health)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -127,8 +126,12 @@ class Scheduler:
                 self._busy = False
 
     def _run(self, job: Job) -> None:
+        loop, events = job.loop, job.events
+        assert loop is not None and events is not None  # set by generate() before the job is queued
+        put = events.put_nowait
+
         def send(item) -> None:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, item)
+            loop.call_soon_threadsafe(put, item)
 
         if job.cancel.is_set():  # the client left while waiting in the queue
             send(_END)
@@ -179,46 +182,3 @@ class Scheduler:
         metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
         metric("queue_depth", "gauge", "Requests running or waiting.", self.waiting)
         return "\n".join(lines) + "\n"
-
-
-def stop_type(summary: Summary, limited: bool) -> str:
-    """llama.cpp's names for why a generation ended."""
-    if limited:
-        return "limit"
-    return {"eog": "eos", "stop": "word", "length": "limit"}.get(summary.stop_reason, "limit")
-
-
-class Limits:
-    """llama.cpp's editor limits on a completion: `n_indent` and `t_max_predict_ms`.
-
-    n_indent: once a line starts with less indentation than this, the completion ends before it.
-    t_max_predict_ms: after this long (from the first token) and once a newline was produced, end.
-    """
-
-    def __init__(self, n_indent: int = 0, t_max_predict_ms: int | None = None):
-        self.n_indent = n_indent
-        self.t_max = t_max_predict_ms / 1000 if t_max_predict_ms else None
-        self.text = ""
-        self.hit = False
-        self._started: float | None = None
-
-    def feed(self, piece: str) -> str:
-        """The part of `piece` to emit; sets `hit` when the completion must end."""
-        if self.hit or not piece:
-            return ""
-        if self._started is None:
-            self._started = time.perf_counter()
-        before = len(self.text)
-        self.text += piece
-        if self.n_indent > 0:
-            offset = 0
-            for i, line in enumerate(self.text.split("\n")):
-                stripped = line.lstrip(" \t")
-                if i > 0 and stripped and len(line) - len(stripped) < self.n_indent:
-                    self.hit = True
-                    self.text = self.text[:offset]
-                    return self.text[before:] if len(self.text) > before else ""
-                offset += len(line) + 1
-        if self.t_max and "\n" in self.text and time.perf_counter() - self._started > self.t_max:
-            self.hit = True
-        return self.text[before:]

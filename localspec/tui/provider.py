@@ -9,7 +9,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from localspec.catalog import ModelSpec, PairSpec
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class LocalProvider:
         self.n_ctx = n_ctx
         self.n_gpu_layers = n_gpu_layers
         self._lock = threading.Lock()
+        self._resolved: dict[str, ModelSpec | PairSpec] = {}
 
     def _catalog(self):
         from localspec.catalog import load_catalog
@@ -80,10 +84,13 @@ class LocalProvider:
     def pull_progress(self, entry_id: str) -> tuple[int, int | None]:
         from localspec.pull import bytes_on_disk
 
-        return bytes_on_disk(self._catalog().resolve(entry_id))
+        entry = self._resolved.get(entry_id)
+        if entry is None:  # polled twice a second while a pull runs: parse the catalog once
+            entry = self._resolved[entry_id] = self._catalog().resolve(entry_id)
+        return bytes_on_disk(entry)
 
     def load(self, entry_id: str):
-        from localspec.engine.api import load
+        from localspec.loader import load
         from localspec.selfdraft import find_self_draft
 
         return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers,

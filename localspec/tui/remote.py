@@ -10,10 +10,16 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-from localspec.engine.events import Prefill, Round, Summary, Tally
+from localspec import paths
+from localspec.engine.contract import ChatEngine, available_drafters, describe_drafters
+from localspec.engine.events import Event, Prefill, Round, Summary, Tally
 from localspec.errors import LocalspecError
 from localspec.tui.provider import Choice
+
+if TYPE_CHECKING:
+    from localspec.engine.sampling import SamplingSettings
 
 
 def _event(data: dict):
@@ -24,33 +30,46 @@ def _event(data: dict):
         data["accepted"], data["rejected"] = tuple(data["accepted"]), tuple(data["rejected"])
         return Round(**data)
     if kind == "summary":
-        data["acceptance_by_position"] = tuple(data["acceptance_by_position"])
-        data["drafted_by_position"] = tuple(data["drafted_by_position"])
+        for key in ("acceptance_by_position", "drafted_by_position", "kept_by_position"):
+            if key in data:
+                data[key] = tuple(data[key])
         return Summary(**data)
     if kind == "error":
         raise LocalspecError(data.get("message", "The server reported an error."))
     return None
 
 
-class _Cost:
-    def __init__(self, tokens_per_s: float):
-        self.plain_tokens_per_s = tokens_per_s
-
-
 class RemoteEngine:
+    """A `ChatEngine` whose model runs in `localspec serve`."""
+
     def __init__(self, client, info: dict):
         self.client = client
         self.info = info
-        self.n_ctx = info["n_ctx"]
-        self.draft = "remote draft" if info.get("has_draft") else None
-        self.cost = _Cost(info.get("baseline_tokens_per_s", 0.0))
 
-    def chat(self, messages, *, cancel: threading.Event, max_tokens=512, sampling=None, drafter=None, draft_len=None):
-        body = {"messages": list(messages), "max_tokens": max_tokens, "drafter": drafter, "draft_len": draft_len}
+    @property
+    def n_ctx(self) -> int:
+        return int(self.info["n_ctx"])
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        if "drafters" in self.info:
+            return tuple(self.info["drafters"])
+        return available_drafters(bool(self.info.get("has_draft")), False)  # a server from before 'drafters'
+
+    @property
+    def baseline_tokens_per_s(self) -> float:
+        return float(self.info.get("baseline_tokens_per_s", 0.0))
+
+    def chat(self, messages: Sequence[dict], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
+             drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> Iterator[Event]:
+        body: dict = {"messages": list(messages), "max_tokens": max_tokens, "drafter": drafter, "stop": list(stop)}
+        if draft_len != "default":
+            body["draft_len"] = draft_len
         if sampling is not None:
             body |= {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty, "seed": sampling.seed}
-        return self._events(body, cancel)
+        return self._events(body, cancel or threading.Event())
 
     def _events(self, body: dict, cancel: threading.Event):
         import httpx
@@ -80,7 +99,7 @@ class RemoteEngine:
             raise LocalspecError(f"Lost the server: {exc}") from None
         # Cancelled here: the server never sent its summary, so make one from what arrived.
         yield tally.summary(text=text, stop_reason="cancelled", prefill=prefill or Prefill(0, 0, 0, 0.0),
-                            wall_s=time.perf_counter() - t0, baseline_tokens_per_s=self.cost.plain_tokens_per_s,
+                            wall_s=time.perf_counter() - t0, baseline_tokens_per_s=self.baseline_tokens_per_s,
                             drafter=str(body.get("drafter") or "auto"))
 
     def close(self) -> None:
@@ -90,7 +109,7 @@ class RemoteEngine:
 def _message(response) -> str:
     try:
         err = response.json().get("error")
-        return err.get("message") if isinstance(err, dict) else str(err)
+        return str(err.get("message") if isinstance(err, dict) else err)
     except ValueError:
         return f"The server answered {response.status_code}."
 
@@ -99,9 +118,7 @@ class RemoteProvider:
     """One choice: whatever the server runs."""
 
     def __init__(self, socket_path: str | Path | None = None):
-        from localspec.server.run import default_socket
-
-        self.socket = Path(socket_path) if socket_path else default_socket()
+        self.socket = Path(socket_path) if socket_path else paths.server_socket()
 
     def _client(self):
         import httpx
@@ -126,7 +143,8 @@ class RemoteProvider:
             info = self._info()
         except LocalspecError:
             return []
-        return [Choice(info["model"], "pair" if info.get("has_draft") else "model", "served by localspec serve",
+        drafts = describe_drafters(RemoteEngine(None, info).drafters)
+        return [Choice(info["model"], "pair" if info.get("has_draft") else "model", f"served by localspec serve ({drafts})",
                        None, True, default=True)]
 
     def default_id(self) -> str:
@@ -146,3 +164,6 @@ class RemoteProvider:
         if entry_id and entry_id != info["model"]:
             raise LocalspecError(f"The server runs '{info['model']}', not '{entry_id}'.")
         return RemoteEngine(self._client(), info)
+
+
+_: type[ChatEngine] = RemoteEngine  # the contract, checked by mypy

@@ -13,10 +13,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from localspec.config import DRAFTERS, ChatSettings
+from localspec.config import ChatSettings
+from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.events import kept_counts
 from localspec.errors import LocalspecError
 from localspec.tui import spans as sp
 from localspec.tui.widgets import position_bars
+from localspec.units import human_bytes
 
 KEYS = [
     ("Enter", "send the prompt"),
@@ -35,12 +38,6 @@ KEYS = [
     ("? or F1", "this help"),
     ("Ctrl+C", "quit (stops the answer, frees the models)"),
 ]
-
-
-def _size(n: int | None) -> str:
-    if not n:
-        return ""
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
 
 
 class HelpScreen(ModalScreen[None]):
@@ -69,10 +66,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save", priority=True)]
 
-    def __init__(self, settings: ChatSettings, has_draft_model: bool):
+    def __init__(self, settings: ChatSettings, drafters: tuple[str, ...]):
         super().__init__()
         self.settings = settings
-        self.has_draft_model = has_draft_model
+        self.drafters = drafters
 
     def compose(self):
         s = self.settings
@@ -80,8 +77,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Label("Settings of this conversation", classes="title")
             with Grid(id="settings-grid"):
                 yield Label("drafter")
-                options = [(d + ("" if d != "model" or self.has_draft_model else " (no draft model loaded)"), d)
-                           for d in DRAFTERS]
+                options = [(d + ("" if d in self.drafters else " (not loaded)"), d) for d in DRAFTER_SETTINGS]
                 yield Select(options, value=s.drafter, allow_blank=False, id="drafter")
                 yield Label("draft length")
                 yield Input("auto" if s.draft_len is None else str(s.draft_len), id="draft_len",
@@ -162,6 +158,15 @@ class ModelPicker(ModalScreen[str | None]):
     class PullNote(Message):
         text: str
 
+    @dataclass
+    class Listed(Message):
+        choices: list
+
+    @dataclass
+    class Progress(Message):
+        done: int
+        total: int | None
+
     def __init__(self, provider, current: str | None, pull_now: str | None = None, intro: str | None = None):
         super().__init__()
         self.provider = provider
@@ -169,6 +174,7 @@ class ModelPicker(ModalScreen[str | None]):
         self.pull_now = pull_now
         self.intro = intro
         self.pulling: str | None = None
+        self.ready: dict[str, bool] = {}
 
     def compose(self):
         with Vertical(classes="dialog", id="picker"):
@@ -182,9 +188,27 @@ class ModelPicker(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self.query_one("#pull-progress").display = False
+        self.query_one("#choices", OptionList).focus()
+        self._list()
+        if self.pull_now:
+            self.start_pull(self.pull_now)
+
+    @work(thread=True, exclusive=True, group="list")
+    def _list(self) -> None:
+        """The provider reads the catalog and the registry (or asks a server): off the event loop."""
+        try:
+            choices = self.provider.choices()
+        except LocalspecError as exc:
+            self.post_message(self.PullNote(f"Cannot list the models: {exc}"))
+            choices = []
+        self.post_message(self.Listed(choices))
+
+    @on(Listed)
+    def _listed(self, message: Listed) -> None:
         options = []
-        for c in self.provider.choices():
-            state = "ready" if c.ready else f"pull {_size(c.size)}"
+        self.ready = {c.id: c.ready for c in message.choices}
+        for c in message.choices:
+            state = "ready" if c.ready else f"pull {human_bytes(c.size, '')}"
             mark = "●" if c.id == self.current else ("✓" if c.ready else " ")
             text = Content.assemble((f"{mark} ", "$text-success"), (f"{c.id:24}", "bold"), f" {c.kind:5} ",
                                     (f"{state:12}", "$text-success" if c.ready else "$text-warning"),
@@ -193,16 +217,13 @@ class ModelPicker(ModalScreen[str | None]):
         chooser = self.query_one("#choices", OptionList)
         chooser.add_options(options)
         chooser.highlighted = 0 if options else None
-        chooser.focus()
-        if self.pull_now:
-            self.start_pull(self.pull_now)
 
     @on(OptionList.OptionSelected)
     def _chosen(self, event: OptionList.OptionSelected) -> None:
         entry_id = event.option.id
         if entry_id is None or self.pulling:
             return
-        if self.provider.is_ready(entry_id):
+        if self.ready.get(entry_id):
             self.dismiss(entry_id)
         else:
             self.start_pull(entry_id)
@@ -216,15 +237,22 @@ class ModelPicker(ModalScreen[str | None]):
         self.set_interval(0.5, self._poll)
         self._pull(entry_id)
 
+    @work(thread=True, exclusive=True, group="poll")
     def _poll(self) -> None:
-        if not self.pulling:
+        """Bytes on disk so far (a directory scan): off the event loop."""
+        entry_id = self.pulling
+        if not entry_id:
             return
         try:
-            done, total = self.provider.pull_progress(self.pulling)
+            done, total = self.provider.pull_progress(entry_id)
         except Exception:
             return
-        bar = self.query_one("#pull-progress", ProgressBar)
-        bar.update(total=total, progress=done)
+        self.post_message(self.Progress(done, total))
+
+    @on(Progress)
+    def _progress(self, message: Progress) -> None:
+        if self.pulling:
+            self.query_one("#pull-progress", ProgressBar).update(total=message.total, progress=message.done)
 
     @work(thread=True, exclusive=True, group="pull")
     def _pull(self, entry_id: str) -> None:
@@ -293,11 +321,8 @@ class DetailsScreen(ModalScreen[None]):
                 ]
                 for key, value in rows:
                     yield Static(Content.assemble((f"{key:>15}  ", "bold"), value))
-                by_pos = s.get("acceptance_by_position") or []
-                tried = s.get("drafted_by_position") or []
-                kept = [round(r * n) for r, n in zip(by_pos, tried)]
                 yield Label("acceptance by draft position", classes="caption")
-                yield Static(position_bars(kept, tried))
+                yield Static(position_bars(kept_counts(s), s.get("drafted_by_position") or []))
             yield Label("the answer, as drafted and verified", classes="caption")
             yield Static(sp.render(self.spans), id="details-spans")
             yield Button("Close", id="close")

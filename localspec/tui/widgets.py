@@ -13,10 +13,12 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import ListItem, ListView, Label, Markdown, Sparkline, Static, TextArea
 
-from localspec.engine.events import Prefill, Round, Summary, Tally
+from localspec.engine.events import Prefill, Round, Summary, Tally, kept_counts
 from localspec.errors import LocalspecError
+from localspec.history import MessageRow
 from localspec.tui import spans as sp
 
 FREEZE_AT = 600  # characters in the live block before its finished lines are frozen
@@ -168,7 +170,7 @@ class AssistantMessage(Vertical):
         self.show_rejected = show
         if self.finished:
             return
-        for block in self.query(".block"):
+        for block in self.query(".block").results(Static):
             spans = self._live_spans if block is self._live else getattr(block, "spans", [])
             block.update(sp.render(spans, show))
 
@@ -194,9 +196,55 @@ class ChatLog(VerticalScroll):
     class Failed(Message):
         error: str
 
+    WELCOME = (
+        "Ask anything. While the answer streams, [$text-success]green[/] text is draft tokens the target model "
+        "accepted (nearly free), plain text is what the target produced itself, and "
+        "[$text-error strike dim]struck-through[/] text is draft the target rejected. "
+        "The panel on the right shows what that bought over plain decoding. Press [b]?[/b] for keys."
+    )
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.current: AssistantMessage | None = None
+        self.show_rejected = True
+
+    async def show_conversation(self, rows: list[MessageRow]) -> None:
+        """Replace what is shown with these turns (a welcome text when there are none)."""
+        await self.remove_children()
+        self.current = None
+        widgets: list[Widget] = [self._message(row) for row in rows if row.role != "system"]
+        await self.mount_all(widgets or [Static(self.WELCOME, id="welcome")])
+        self.scroll_end(animate=False, immediate=False)
+
+    def _message(self, row: MessageRow) -> Widget:
+        if row.role == "user":
+            return UserMessage(row.content)
+        error = (row.stats or {}).get("error") if row.status == "error" else None
+        message = AssistantMessage([tuple(s) for s in (row.spans or [])], finished=True, stats=row.stats,
+                                   status=row.status, error=error, content=row.content)
+        message.show_rejected = self.show_rejected
+        return message
+
+    async def start_answer(self, prompt: str) -> AssistantMessage:
+        """The user's prompt and an empty answer that the next rounds fill."""
+        for welcome in self.query("#welcome"):
+            await welcome.remove()
+        answer = AssistantMessage()
+        answer.show_rejected = self.show_rejected
+        await self.mount_all([UserMessage(prompt), answer])
+        self.current = answer
+        self.scroll_end(animate=False)
+        return answer
+
+    def toggle_rejected(self) -> bool:
+        self.show_rejected = not self.show_rejected
+        for answer in self.query(AssistantMessage):
+            answer.set_show_rejected(self.show_rejected)
+        return self.show_rejected
+
+    def last_answer(self) -> str | None:
+        answers = [a for a in self.query(AssistantMessage) if a.text]
+        return answers[-1].text if answers else None
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, engine, messages: list[dict], options: dict, cancel: threading.Event,
@@ -304,7 +352,7 @@ class StatsPanel(Vertical):
         mean = stats.get("mean_accepted_per_round", 0)
         t.drafting_rounds = round(t.accepted / mean) if mean else 0
         t.tried_at = list(stats.get("drafted_by_position") or [])
-        t.kept_at = [round(r * n) for r, n in zip(stats.get("acceptance_by_position") or [], t.tried_at)]
+        t.kept_at = kept_counts(stats)
         self.tokens_per_s = stats.get("tokens_per_s", 0.0)
         self.first_token_s = stats.get("first_token_s", 0.0)
         self.baseline = stats.get("baseline_tokens_per_s", 0.0) or self.baseline
@@ -346,10 +394,10 @@ class ConversationList(ListView):
     """The sidebar: one item per conversation, most recent first."""
 
     BINDINGS = [
-        Binding("n", "app.new_conversation", "New"),
-        Binding("r", "app.rename_conversation", "Rename"),
-        Binding("delete,d", "app.delete_conversation", "Delete"),
-        Binding("e", "app.export_conversation", "Export"),
+        Binding("n", "screen.new_conversation", "New"),
+        Binding("r", "screen.rename_conversation", "Rename"),
+        Binding("delete,d", "screen.delete_conversation", "Delete"),
+        Binding("e", "screen.export_conversation", "Export"),
     ]
 
     @dataclass

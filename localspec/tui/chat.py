@@ -1,0 +1,276 @@
+"""The chat screen: the conversation list, the answer log with the prompt, and the statistics panel.
+
+It draws and routes the keys of a conversation; the conversations themselves live in
+`Conversations`, the engine (and loading it) in the app.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual import on
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from localspec.config import ChatSettings
+from localspec.engine.contract import DRAFTER_SETTINGS, unavailable_drafter
+from localspec.engine.events import Summary
+from localspec.tui.screens import ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
+from localspec.tui.widgets import (AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
+                                   SummaryLine)
+
+if TYPE_CHECKING:
+    from localspec.tui.app import ChatApp
+
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+
+
+class ChatScreen(Screen):
+    app: ChatApp
+
+    # Priority: the prompt (a TextArea) has focus nearly always and would take these keys. A dialog on
+    # top is another screen, so these never stack dialogs on dialogs.
+    BINDINGS = [
+        Binding("escape", "cancel", "Stop answer"),
+        Binding("ctrl+s", "settings", "Settings", priority=True),
+        Binding("ctrl+n", "new_conversation", "New chat", priority=True),
+        Binding("ctrl+b", "toggle_sidebar", "Chats", priority=True),
+        Binding("ctrl+t", "toggle_rejected", "Rejected", priority=True),
+        Binding("ctrl+y", "copy_answer", "Copy answer", priority=True, show=False),
+        Binding("ctrl+g", "copy_code", "Copy code", priority=True, show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generating = False
+        self.cancel = threading.Event()
+        self.worker_done = threading.Event()
+        self.worker_done.set()
+
+    def compose(self):
+        yield Header()
+        with Horizontal(id="body"):
+            yield ConversationList(id="sidebar")
+            with Vertical(id="main"):
+                yield ChatLog(id="log")
+                yield PromptInput(id="prompt", placeholder="Message (Enter sends, Shift+Enter/Ctrl+J new line, ? keys)")
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    @property
+    def log_view(self) -> ChatLog:
+        return self.query_one("#log", ChatLog)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one("#prompt", PromptInput)
+
+    @property
+    def stats(self) -> StatsPanel:
+        return self.query_one("#stats", StatsPanel)
+
+    @property
+    def chats(self):
+        return self.app.chats
+
+    async def on_mount(self) -> None:
+        self.prompt.recall = self.chats.history.prompts()
+        conversation = self.chats.most_recent()
+        await self.open_conversation(conversation.id, apply_override=True)
+        self.prompt.focus()
+        self.app.open_engine(self.app.requested or conversation.model or self.app.config.model)
+
+    def _busy(self) -> bool:
+        if self.generating:
+            self.notify("Stop the answer first (Esc).", severity="warning")
+        return self.generating
+
+    # ------------------------------------------------------------------ conversations
+
+    async def open_conversation(self, conversation_id: int, apply_override: bool = False) -> None:
+        rows = self.chats.open(conversation_id, apply_override)
+        self._show_settings()
+        await self.log_view.show_conversation(rows)
+        answered = [row for row in rows if row.role == "assistant" and row.stats and "drafted" in row.stats]
+        if answered:
+            self.stats.show_stored(answered[-1].stats or {})
+        self.refresh_sidebar()
+
+    def refresh_sidebar(self) -> None:
+        current = self.chats.current.id if self.chats.current else None
+        self.query_one("#sidebar", ConversationList).set_items(self.chats.history.conversations(), current)
+
+    def _show_settings(self) -> None:
+        self.stats.drafter_label = self.chats.settings_label()
+        self.stats.refresh_numbers()
+
+    @on(ConversationList.Picked)
+    async def _switch(self, message: ConversationList.Picked) -> None:
+        if self.chats.current and message.conversation_id == self.chats.current.id:
+            return
+        if self._busy():
+            self.refresh_sidebar()
+            return
+        await self.open_conversation(message.conversation_id)
+
+    async def action_new_conversation(self) -> None:
+        if not self._busy():
+            await self.open_conversation(self.chats.create(self.app.engine_id).id)
+            self.prompt.focus()
+
+    def action_rename_conversation(self) -> None:
+        def done(title: str | None) -> None:
+            if title:
+                self.chats.rename(title)
+                self.refresh_sidebar()
+
+        if self.chats.current is not None:
+            self.app.push_screen(RenameScreen(self.chats.current.title), done)
+
+    def action_delete_conversation(self) -> None:
+        if self.chats.current is None or self.generating:
+            return
+        title = self.chats.current.title
+
+        async def done(yes: bool | None) -> None:
+            if yes:
+                await self.open_conversation(self.chats.delete_current(self.app.engine_id).id)
+                self.notify(f"Deleted “{title}”.", timeout=3)
+
+        self.app.push_screen(ConfirmScreen(f"Delete the conversation “{title}” and all its messages?"), done)
+
+    def action_export_conversation(self) -> None:
+        if self.chats.current is None:
+            return
+        try:
+            path = self.chats.export(Path.cwd())
+        except OSError as exc:
+            self.notify(f"Could not write the export: {exc.strerror or exc}", title="Export failed", severity="error")
+            return
+        self.notify(f"Exported to {path}", title="Exported", timeout=6)
+
+    def action_toggle_sidebar(self) -> None:
+        self.toggle_class("-flip")
+
+    def action_settings(self) -> None:
+        def done(settings: ChatSettings | None) -> None:
+            if settings is not None and self.chats.current is not None:
+                self.chats.save_settings(settings)
+                self._show_settings()
+                self.notify("Settings saved for this conversation.", timeout=3)
+
+        engine = self.app.engine
+        self.app.push_screen(SettingsScreen(self.chats.settings, engine.drafters if engine else DRAFTER_SETTINGS), done)
+
+    # ------------------------------------------------------------------ generation
+
+    @on(PromptInput.Submitted)
+    async def _send(self, message: PromptInput.Submitted) -> None:
+        engine = self.app.engine
+        if self.generating:
+            self.notify("An answer is still streaming; Esc stops it.", severity="warning")
+            return
+        if engine is None:
+            loading = self.app.loading
+            self.notify(f"{loading} is still loading…" if loading else "No model is loaded: Ctrl+O picks one.",
+                        severity="warning")
+            return
+        problem = unavailable_drafter(self.chats.settings.drafter, engine.drafters)
+        if problem:
+            self.notify(f"{self.app.engine_id}: {problem} Ctrl+S changes the drafter.", severity="error",
+                        title="Drafter not available")
+            return
+        self.prompt.clear()
+        self.prompt.remember(message.text)
+        self.chats.add_prompt(message.text)
+        self.refresh_sidebar()
+        await self.log_view.start_answer(message.text)
+        s = self.chats.settings
+        options = {"max_tokens": s.max_tokens, "sampling": s.sampling(), "drafter": s.drafter, "draft_len": s.draft_len}
+        self.generating = True
+        self.cancel, self.worker_done = threading.Event(), threading.Event()
+        self.stats.start(engine.baseline_tokens_per_s or self.stats.baseline)
+        self.log_view.generate(engine, self.chats.context_messages(), options, self.cancel, self.worker_done)
+
+    @on(ChatLog.Streamed)
+    async def _streamed(self, message: ChatLog.Streamed) -> None:
+        event = message.event
+        self.stats.add(event)
+        if isinstance(event, Summary):
+            status = "cancelled" if event.stop_reason == "cancelled" else "complete"
+            stats = {k: v for k, v in event.to_dict().items() if k != "text"} | {"one_line": event.one_line()}
+            await self._finish(event.text, status, stats)
+
+    @on(ChatLog.Failed)
+    async def _failed(self, message: ChatLog.Failed) -> None:
+        answer = self.log_view.current
+        await self._finish(answer.text if answer else "", "error", {"error": message.error})
+        self.notify(message.error, title="The answer failed", severity="error", timeout=15)
+
+    async def _finish(self, text: str, status: str, stats: dict) -> None:
+        answer = self.log_view.current
+        self.chats.add_answer(text, status, stats, answer.spans if answer else [])
+        if answer is not None:
+            answer.content = text
+            await answer.finish(stats, status, stats.get("error"))
+        self.log_view.current = None
+        self.generating = False
+        self.log_view.follow()
+        self.app.answer_finished()
+
+    def action_cancel(self) -> None:
+        if self.generating and not self.cancel.is_set():
+            self.cancel.set()
+            self.notify("Stopping after this round…", timeout=2)
+
+    # ------------------------------------------------------------------ the rest
+
+    def action_toggle_rejected(self) -> None:
+        shown = self.log_view.toggle_rejected()
+        self.notify("Rejected draft tokens " + ("shown" if shown else "hidden"), timeout=2)
+
+    def action_copy_answer(self) -> None:
+        text = self.log_view.last_answer()
+        if not text:
+            self.notify("No answer to copy yet.", severity="warning")
+            return
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied the last answer ({len(text)} characters).", timeout=3)
+
+    def action_copy_code(self) -> None:
+        blocks = CODE_BLOCK.findall(self.log_view.last_answer() or "")
+        if not blocks:
+            self.notify("The last answer has no code block.", severity="warning")
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).", timeout=3)
+
+    @on(PromptInput.HelpRequested)
+    def _help(self) -> None:
+        self.app.action_help()
+
+    @on(SummaryLine.Opened)
+    def _details(self, message: SummaryLine.Opened) -> None:
+        answer = message.line.parent
+        if isinstance(answer, AssistantMessage):
+            self.app.push_screen(DetailsScreen(answer.stats, answer.spans, answer.text))
+
+    def commands(self):
+        """(title, help, action) for the command palette."""
+        return (
+            ("New conversation", "Start an empty conversation", self.action_new_conversation),
+            ("Rename conversation", "Give this conversation a title", self.action_rename_conversation),
+            ("Delete conversation", "Delete this conversation and its messages", self.action_delete_conversation),
+            ("Export conversation", "Write it to a Markdown file in the current folder",
+             self.action_export_conversation),
+            ("Settings", "Drafter, draft length, sampling, system prompt", self.action_settings),
+            ("Toggle rejected tokens", "Show or hide rejected draft tokens", self.action_toggle_rejected),
+            ("Copy last answer", "To the clipboard", self.action_copy_answer),
+            ("Copy last code block", "To the clipboard", self.action_copy_code),
+        )
+

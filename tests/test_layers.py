@@ -1,0 +1,113 @@
+"""The package's layers (README, "Architecture"): every import points down, and the types hold.
+
+    base (errors, paths) <- engine <- services (config, catalog, pull, …, loader) <- tui | server <- cli
+
+tui and server are siblings: neither imports the other (`chat --connect` talks to a server over its
+socket, not through its modules). Function-level imports count: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "localspec"
+
+LAYERS: dict[str, int] = {
+    "localspec.errors": 0, "localspec.paths": 0, "localspec.units": 0,
+    "localspec.engine": 1,
+    "localspec.config": 2, "localspec.catalog": 2, "localspec.registry": 2, "localspec.pull": 2,
+    "localspec.history": 2, "localspec.selfdraft": 2, "localspec.bench": 2, "localspec.benchplot": 2,
+    "localspec.loader": 2,
+    "localspec.tui": 3, "localspec.server": 3,
+    "localspec.cli": 4,
+}
+SIBLINGS = {("localspec.tui", "localspec.server"), ("localspec.server", "localspec.tui")}
+
+
+def _group(module: str) -> str | None:
+    """The LAYERS key a module belongs to (the longest matching prefix)."""
+    best = None
+    for key in LAYERS:
+        if module == key or module.startswith(key + "."):
+            if best is None or len(key) > len(best):
+                best = key
+    return best
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import of a localspec module, at any depth of the file."""
+    out = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("localspec")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("localspec"):
+            for alias in node.names:  # `from localspec import paths` imports the module localspec.paths
+                candidate = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists() or \
+                    (PACKAGE.parent / Path(*candidate.split("."))).is_dir()
+                out.append((node.lineno, candidate if is_module else node.module))
+    return out
+
+
+def test_every_module_has_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        assert name == "localspec" or _group(name) is not None, f"{name} has no layer in tests/test_layers.py"
+
+
+def test_no_import_points_up():
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name == "localspec":
+            continue  # the package's facade: `localspec.load` and the version
+        mine = _group(name)
+        for line, imported in _imports(path):
+            theirs = _group(imported)
+            if theirs is None:
+                continue  # the facade (`from localspec import __version__`)
+            if LAYERS[theirs] > LAYERS[mine] or (mine, theirs) in SIBLINGS:
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line} {name} imports {imported}")
+    assert not problems, "imports that point up a layer:\n" + "\n".join(problems)
+
+
+def test_the_check_itself_sees_an_upward_import(tmp_path):
+    """The walker finds function-level imports (a check that could not fail would be worthless)."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from localspec.server.run import serve\n")
+    assert (2, "localspec.server.run") in _imports(sample)
+
+
+def test_pure_engine_modules_import_without_llama_cpp():
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None\n"  # any `import llama_cpp` now raises ImportError
+        "import localspec.engine.events, localspec.engine.contract, localspec.engine.sampling\n"
+        "import localspec.engine.kv, localspec.engine.adaptive, localspec.engine.drafters\n"
+        "import localspec.engine.speculative, localspec.engine.pairing, localspec.engine.api\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_types_hold_across_the_package():
+    """mypy on localspec/ (strict on the engine contract and events) and the tests' scripted engine,
+    which must implement the contract the chat app relies on."""
+    pytest.importorskip("mypy")
+    root = PACKAGE.parent
+    proc = subprocess.run([sys.executable, "-m", "mypy", "localspec", "tests/fakes.py"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
