@@ -7,6 +7,7 @@ self-draft of a target was kept, is known here, a layer above it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from localspec.engine.api import Engine, load_files
 from localspec.errors import LocalspecError
@@ -48,29 +49,18 @@ def resolve(id_or_path: str, draft: str | None = None) -> tuple[Path, Path | Non
     return target_path, draft_path
 
 
-def load(
-    id_or_path: str,
-    *,
-    draft: str | None = None,
-    drafter: str = "auto",
-    draft_len: int | None = None,
-    n_ctx: int = 4096,
-    n_threads: int | None = None,
-    n_gpu_layers: int | None = None,
-    draft_gpu_layers: int | None = None,
-    calibrate: bool = True,
-    self_draft: str | Path | None = None,
-) -> Engine:
-    """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id). With
-    drafter 'self' and no `self_draft`, the one `localspec draft make` built for this target."""
+def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | None = None,
+         **options: Any) -> Engine:
+    """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id). With the
+    drafter 'self' and no `self_draft`, the one `localspec draft make` built for this target. `options`
+    are `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
+    calibrate."""
     target_path, draft_path = resolve(id_or_path, draft)
-    if drafter == "self" and self_draft is None:
+    if options.get("drafter") == "self" and self_draft is None:
         from localspec.selfdraft import find_self_draft
 
         self_draft = find_self_draft(str(target_path))
         if self_draft is None:
             raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
                                  f"`localspec draft make {id_or_path}`.")
-    return load_files(target_path, draft_path=draft_path, self_draft_path=self_draft, drafter=drafter,
-                      draft_len=draft_len, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                      draft_gpu_layers=draft_gpu_layers, calibrate=calibrate)
+    return load_files(target_path, draft_path=draft_path, self_draft_path=self_draft, **options)

@@ -298,8 +298,14 @@ class ModelDrafter:
             self._ready = (len(context), self.kv.sync(context))
 
     def behind(self, context: Sequence[int]) -> int:
-        """Tokens of `context` this drafter's cache would have to evaluate before it can draft."""
-        return len(context) - common_prefix(self.kv.tokens, context)
+        """Tokens of `context` this drafter's cache would have to evaluate before it can draft (for
+        pricing; `propose` does the real sync). Asked every round the drafter could win: when the cache
+        ends the way the context did at that length (the usual case), no scan of the whole context."""
+        held = self.kv.tokens
+        n = len(held)
+        if n <= len(context) and held[-8:] == list(context[max(n - 8, 0):n]):
+            return len(context) - n
+        return len(context) - common_prefix(held, context)
 
     def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
         """Logits after the context's last token, and how many tokens had to be evaluated."""
