@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from localspec import paths
+from localspec.engine.api import Engine
 from localspec.engine.contract import describe_drafters
 from localspec.errors import LocalspecError
 from localspec.server.common import Served
@@ -21,9 +22,9 @@ from localspec.server.scheduler import Scheduler
 DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no editor configuration needed
 
 
-def served_for(engine, entry_id: str) -> Served:
+def served_for(engine: Engine, entry_id: str) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'."""
-    target_path = Path(getattr(engine.target, "path", entry_id))
+    target_path = Path(engine.target.path)
     is_file = entry_id.endswith(".gguf")
     name = target_path.stem if is_file else entry_id
     aliases = {name, "localspec", target_path.name, target_path.stem}
@@ -39,10 +40,8 @@ def served_for(engine, entry_id: str) -> Served:
         if model is not None:
             aliases.add(model.id)
             family, size = model.family, model.size or 0
-    meta = getattr(engine.target, "meta", None)
-    if callable(meta):
-        family = family or meta("general.architecture") or ""
-        quant = meta("general.file_type") or ""
+    family = family or engine.target.meta("general.architecture") or ""
+    quant = engine.target.meta("general.file_type") or ""
     if not size and target_path.exists():
         size = target_path.stat().st_size
     return Served(engine=engine, scheduler=Scheduler(engine), name=name, aliases=frozenset(aliases), size=size,
