@@ -26,6 +26,9 @@ class ScriptedVocab:
     bos, eos, fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep = 1, 2, 3, 4, 5, 6, 7, 8
     add_bos = True
 
+    def text(self, token: int) -> str:
+        return {1: "<s>", 2: "</s>"}.get(token, chr(token - 100) if token >= 100 else f"<special{token}>")
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return ([self.bos] if add_special else []) + [100 + ord(c) for c in text]
 
@@ -48,7 +51,7 @@ class ScriptedEngine:
     closed: bool = False
     baseline_tokens_per_s: float = 10.0
     vocab: ScriptedVocab = field(default_factory=ScriptedVocab)
-    template_source: str = "scripted"
+    chat_template: str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -96,7 +99,7 @@ class ScriptedEngine:
             event = Round(index=i, drafter="model" if accepted or rejected else "none", accepted=accepted,
                           rejected=rejected, token=7 if tok else None, token_kind="correction" if rejected else "bonus",
                           accepted_text=acc, rejected_text=rej, token_text=tok, text=acc + tok,
-                          draft_s=0.001, verify_s=0.01)
+                          draft_s=0.001, verify_s=0.01, pieces=tuple(p for p in (acc, tok) if p))
             tally.add(event)
             text += acc + tok
             yield event
@@ -106,7 +109,8 @@ class ScriptedEngine:
                 while not self.hold.is_set() and not cancel.is_set():
                     time.sleep(0.01)
         yield tally.summary(text=text, stop_reason=stop, prefill=Prefill(10, 10, 0, 0.01),
-                            wall_s=tally.draft_s + tally.verify_s or 1e-3, baseline_tokens_per_s=10.0, drafter="auto")
+                            wall_s=tally.draft_s + tally.verify_s or 1e-3, baseline_tokens_per_s=10.0, drafter="auto",
+                            kv_tokens=10 + tally.generated - 1)
 
     def close(self):
         self.closed = True

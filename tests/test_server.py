@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -101,6 +102,24 @@ def test_llama_vim_infill_body_gets_compact_flat_fields(fim_server):
     assert set(data) == {"content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
                          "tokens_cached", "truncated"}
     assert data["timings/predicted_n"] >= 1
+
+
+def test_a_completion_past_its_time_limit_ends_at_a_line_boundary(fim_server):
+    """llama.vim's first request at a position sets t_max_predict_ms; llama.cpp then ends the completion
+    with a token that contains a newline, so Tab never inserts half a line (the real model, greedy)."""
+    body = {"input_prefix": "class Circle:\n    def __init__(self, r):\n        self.r = r\n\n    def area(self):\n",
+            "input_suffix": "\n", "n_predict": 48, "temperature": 0, "t_max_predict_ms": 1, "stream": False}
+
+    def cancelled() -> int:
+        metrics = httpx.get(fim_server.url + "/metrics", timeout=10).text
+        return int(re.search(r"^localspec_cancelled_total\{[^}]*\} (\d+)", metrics, re.M).group(1))
+
+    before = cancelled()
+    data = post(fim_server, "/infill", body).json()
+    content = data["content"]
+    assert data["stop_type"] == "limit" and data["tokens_predicted"] < 48, data
+    assert "\n" in content and content[content.rindex("\n") + 1:].strip() == "", repr(content)
+    assert cancelled() == before  # a completion ended by its limit is not a cancelled one
 
 
 def test_warm_up_with_empty_response_fields_answers_empty_object(fim_server):

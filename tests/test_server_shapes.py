@@ -182,3 +182,77 @@ def test_an_unavailable_drafter_is_a_400_before_anything_streams(path, body):
 def test_a_foreign_host_header_is_refused(client):
     r = client.post("/completion", json={"prompt": "x"}, headers={"host": "evil.example"})
     assert r.status_code == 403 and "not local" in r.text
+
+
+# ----------------------------------------------------------------------------- llama.cpp's semantics
+
+
+def feed_tokens(limits, pieces):
+    from localspec.engine.events import Round
+
+    out = ""
+    for i, piece in enumerate(pieces):
+        out += limits.feed(Round(index=i, drafter="none", accepted=(), rejected=(), token=7, token_kind="plain",
+                                 accepted_text="", rejected_text="", token_text=piece, text=piece, draft_s=0.0,
+                                 verify_s=0.0, pieces=(piece,)))
+        if limits.hit:
+            break
+    return out
+
+
+def test_the_time_limit_ends_a_completion_only_with_a_token_that_has_a_newline():
+    """llama.cpp (server-context.cpp): once t_max_predict_ms has passed, the completion ends with the
+    next token whose text contains a newline, that token included; never in the middle of a line."""
+    from localspec.server.llamacpp import Limits
+
+    now = [0.0]
+    limits = Limits(t_max_predict_ms=250, clock=lambda: now[0])
+    pieces = ["x = 1", "\n", "y", " = 2", "\n    ", "z"]
+    out = ""
+    for piece, t in zip(pieces, [0.0, 0.1, 0.3, 0.4, 0.5, 0.6]):
+        now[0] = t
+        out += feed_tokens(limits, [piece])
+        if limits.hit:
+            break
+    assert out == "x = 1\ny = 2\n    " and limits.hit  # not "x = 1\ny": past the limit, but mid-line
+
+
+def test_n_indent_cuts_the_first_line_indented_less_and_keeps_its_indentation():
+    from localspec.server.llamacpp import Limits
+
+    out = feed_tokens(Limits(n_indent=4), ["    a = 1", "\n", "    b", " = 2", "\n", "c", " = 3"])
+    assert out == "    a = 1\n    b = 2\n"
+    out = feed_tokens(Limits(n_indent=4), ["if x:", "\n", "    a", "\n", "  b"])
+    assert out == "if x:\n    a\n  "  # llama.cpp erases from where the text starts, not the indentation
+
+
+def test_limits_in_a_real_request_end_as_limit_and_are_not_counted_as_cancelled(client):
+    body = client.post("/completion", json={"prompt": "def", "n_indent": 8}).json()
+    assert body["content"] == "def add(a, b):\n    " and body["stop_type"] == "limit"
+    assert "localspec_cancelled_total" in (metrics := client.get("/metrics").text)
+    assert 'localspec_cancelled_total{model="scripted"} 0' in metrics
+
+
+def test_tokens_cached_is_what_the_cache_holds_after_the_request(client):
+    body = client.post("/completion", json={"prompt": "def"}).json()
+    assert body["tokens_cached"] == body["tokens_evaluated"] + body["tokens_predicted"] - 1
+
+
+def test_props_has_llama_cpp_shape_and_the_template_text(client):
+    props = client.get("/props").json()
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 4096 and settings["params"]["temperature"] == 0.8
+    assert props["chat_template"] == ScriptedEngine().chat_template and props["total_slots"] == 1
+
+
+def test_stop_types_are_llama_cpps():
+    from localspec.engine.events import Prefill, Tally
+    from localspec.server.llamacpp import stop_type
+
+    def summary(reason):
+        return Tally().summary(text="", stop_reason=reason, prefill=Prefill(1, 1, 0, 0.0), wall_s=1.0,
+                               baseline_tokens_per_s=1.0, drafter="auto")
+
+    assert [stop_type(summary(r), False) for r in ("eog", "stop", "length", "context", "cancelled")] == \
+        ["eos", "word", "limit", "limit", "none"]
+    assert stop_type(summary("cancelled"), True) == "limit"

@@ -97,8 +97,8 @@ class Engine:
         return self.target.vocab
 
     @property
-    def template_source(self) -> str:
-        return self.template.source
+    def chat_template(self) -> str:
+        return self.template.text
 
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         return self.template.tokens(self.target.vocab, messages)
@@ -209,7 +209,8 @@ class Engine:
                         accepted_text="", rejected_text="", token_text="", text=tail, draft_s=0.0, verify_s=0.0)
         yield tally.summary(text=stream.text, stop_reason=stop_reason, prefill=prefill, wall_s=wall,
                             baseline_tokens_per_s=self.cost.plain_tokens_per_s,
-                            drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s)
+                            drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
+                            kv_tokens=len(self.kv.tokens))
 
     def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
         """The prompt into the KV cache, all but its last token (the first round evaluates that one);
@@ -239,9 +240,18 @@ class Engine:
         accepted = tuple(kept[:step.accepted])
         token = kept[step.accepted] if len(kept) > step.accepted else None
         rejected = tuple(step.draft.tokens[step.accepted:]) if ended is None or token is not None else ()
-        accepted_text, shown_a = stream.feed(b"".join(vocab.token_bytes(t) for t in accepted))
+        pieces, shown = [], ""
+        for t in accepted:  # token by token: front doors that apply per-token rules get each token's text
+            decoded, visible = stream.feed(vocab.token_bytes(t))
+            pieces.append(decoded)
+            shown += visible
+        accepted_text = "".join(pieces)
         rejected_text = stream.piece(b"".join(vocab.token_bytes(t) for t in rejected))
-        token_text, shown_t = stream.feed(vocab.token_bytes(token)) if token is not None else ("", "")
+        token_text = ""
+        if token is not None:
+            token_text, visible = stream.feed(vocab.token_bytes(token))
+            pieces.append(token_text)
+            shown += visible
         return Round(
             index=index,
             drafter=step.draft.source if step.draft.tokens else "none",
@@ -252,10 +262,11 @@ class Engine:
             accepted_text=accepted_text,
             rejected_text=rejected_text,
             token_text=token_text,
-            text=shown_a + shown_t,
+            text=shown,
             draft_s=step.draft.seconds,
             verify_s=step.verify_s,
             evidence=step.draft.evidence,
+            pieces=tuple(pieces),
         )
 
     # ------------------------------------------------------------------ lifetime

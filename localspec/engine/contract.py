@@ -88,8 +88,8 @@ class ServedEngine(ChatEngine, Protocol):
         ...
 
     @property
-    def template_source(self) -> str:
-        """Where the chat template comes from ('gguf', or the fallback used)."""
+    def chat_template(self) -> str:
+        """The Jinja chat template in use: the GGUF's, or the fallback when it has none."""
         ...
 
     def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...

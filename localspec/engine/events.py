@@ -40,6 +40,7 @@ class Round:
     draft_s: float
     verify_s: float
     evidence: int = 0                 # n-gram match length behind the draft, 0 otherwise
+    pieces: tuple[str, ...] = ()      # the decoded text of each emitted token (accepted ones, then the target's)
 
     @property
     def drafted(self) -> int:
@@ -78,6 +79,7 @@ class Summary:
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
     first_token_s: float = 0.0        # from the request to the first answer token: prompt + first round
     kept_by_position: tuple[int, ...] = ()  # draft tokens kept at each draft position (of drafted_by_position)
+    kv_tokens: int = 0                # tokens in the target's KV cache after the answer (what a next request can reuse)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
@@ -147,7 +149,7 @@ class Tally:
             self.kept_at[i] += i < len(r.accepted)
 
     def summary(self, *, text: str, stop_reason: str, prefill: Prefill, wall_s: float,
-                baseline_tokens_per_s: float, drafter: str, first_token_s: float = 0.0) -> Summary:
+                baseline_tokens_per_s: float, drafter: str, first_token_s: float = 0.0, kv_tokens: int = 0) -> Summary:
         tps = self.generated / wall_s if wall_s > 0 else 0.0
         return Summary(
             text=text,
@@ -173,4 +175,5 @@ class Tally:
             rounds_by_drafter=dict(self.by_drafter),
             first_token_s=first_token_s,
             kept_by_position=tuple(self.kept_at),
+            kv_tokens=kv_tokens,
         )

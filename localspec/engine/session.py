@@ -29,6 +29,7 @@ class ChatTemplate:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.source = "gguf" if template else "chatml (the GGUF has no chat template)"
+        self.text = template or CHATML
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos_text, bos_token=bos_text)
 
     @classmethod

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
+from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.sampling import SamplingSettings
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, speculation, stream)
 
@@ -49,13 +51,23 @@ def router(served: Served) -> APIRouter:
 
     @api.get("/props")
     def props() -> Response:
+        # llama.cpp's shape (server-context.cpp, get_res_props); llama.vscode reads default_generation_settings.n_ctx.
+        d = SamplingSettings()
+        vocab = served.vocab
         return Response(compact({
-            "default_generation_settings": {"n_ctx": served.n_ctx, "temperature": DEFAULT_TEMPERATURE,
-                                            "model": served.name},
+            "default_generation_settings": {
+                "params": {"n_predict": -1, "temperature": DEFAULT_TEMPERATURE, "top_k": d.top_k, "top_p": d.top_p,
+                           "min_p": d.min_p, "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
+                           "n_indent": 0, "t_max_predict_ms": -1, "stop": [], "seed": -1},
+                "n_ctx": served.n_ctx,
+            },
             "total_slots": 1,
+            "model_alias": served.name,
             "model_path": served.name,
-            "chat_template": served.engine.template_source,
-            "build_info": "localspec",
+            "chat_template": served.engine.chat_template,
+            "bos_token": vocab.text(vocab.bos) if vocab.bos >= 0 else "",
+            "eos_token": vocab.text(vocab.eos) if vocab.eos >= 0 else "",
+            "build_info": f"localspec {__version__}",
         }), media_type="application/json")
 
     @api.post("/completion")
@@ -93,15 +105,15 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
                          seed=None if body.seed is None else body.seed + i)
         prefill, events = await served.start(job)
         limits = Limits(body.n_indent, body.t_max_predict_ms)
-        text: list[str] = []
 
         def on_round(event: Round) -> None:
-            text.append(limits.feed(event.text))
+            limits.feed(event)
             if limits.hit:
+                job.limited = True
                 job.cancel.set()
 
         summary = await collect(request, job, events, on_round)
-        content = "" if warm_up else "".join(text)
+        content = "" if warm_up else limits.text
         results.append(_shape(_result(served, content, prefill, summary, limits.hit, warm_up), body.response_fields))
     body_out = results[0] if count == 1 else results
     return Response(compact(body_out), media_type="application/json")
@@ -113,8 +125,9 @@ async def _stream(served: Served, body: CompletionRequest, tokens: list[int], en
     limits = Limits(body.n_indent, body.t_max_predict_ms)
 
     def chunk(event: Round) -> bytes | None:
-        piece = limits.feed(event.text)
+        piece = limits.feed(event)
         if limits.hit:
+            job.limited = True
             job.cancel.set()
         return b"data: " + compact({"content": piece, "stop": False, "index": 0}) + b"\n\n" if piece else None
 
@@ -157,7 +170,7 @@ def _result(served: Served, content: str, prefill: Prefill, summary: Summary, li
         "model": served.name,
         "tokens_predicted": predicted,
         "tokens_evaluated": prefill.prompt_tokens,
-        "tokens_cached": prefill.cached,
+        "tokens_cached": summary.kv_tokens,  # llama.cpp: the slot's cache after the request, not the reuse
         "truncated": False,
         "stop": True,
         "stop_type": stop_type(summary, limited),
@@ -189,43 +202,79 @@ def _shape(result: dict, fields: list[str] | None) -> dict:
 
 
 def stop_type(summary: Summary, limited: bool) -> str:
-    """llama.cpp's names for why a generation ended."""
+    """llama.cpp's names for why a generation ended (server-task.cpp, stop_type_to_str)."""
     if limited:
         return "limit"
-    return {"eog": "eos", "stop": "word", "length": "limit"}.get(summary.stop_reason, "limit")
+    return {"eog": "eos", "stop": "word", "length": "limit", "context": "limit"}.get(summary.stop_reason, "none")
 
 
 class Limits:
-    """llama.cpp's editor limits on a completion: `n_indent` and `t_max_predict_ms`.
+    """llama.cpp's editor limits, applied token by token as its server does (tools/server/
+    server-context.cpp, process_token):
 
-    n_indent: once a line starts with less indentation than this, the completion ends before it.
-    t_max_predict_ms: after this long (from the first token) and once a newline was produced, end.
+    - n_indent: once a newline has been generated, each later line must start with at least this much
+      indentation; the first that does not is cut where its text starts (its indentation stays) and
+      the completion ends.
+    - t_max_predict_ms: once this long has passed since the first token, the completion ends with the
+      next token whose text contains a newline (that token included): it ends at a line boundary.
     """
 
-    def __init__(self, n_indent: int = 0, t_max_predict_ms: int | None = None):
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.n_indent = n_indent
         self.t_max = t_max_predict_ms / 1000 if t_max_predict_ms else None
-        self.text = ""
-        self.hit = False
+        self.clock = clock
+        self.generated = ""            # every token's text (llama.cpp's generated_text)
+        self.visible = ""              # the engine's visible text (stop strings held back)
+        self.sent = 0                  # characters of it passed on
+        self.cut: int | None = None    # where the completion ends, in `generated`
+        self._has_new_line = False
+        self._last_nl_pos = 0
         self._started: float | None = None
 
-    def feed(self, piece: str) -> str:
-        """The part of `piece` to emit; sets `hit` when the completion must end."""
-        if self.hit or not piece:
+    @property
+    def hit(self) -> bool:
+        return self.cut is not None
+
+    @property
+    def text(self) -> str:
+        """The completion as it ends: llama.cpp erases a line cut by n_indent even where parts of it were
+        already streamed."""
+        return self.visible if self.cut is None else self.visible[:self.cut]
+
+    def feed(self, event: Round) -> str:
+        """The part of this round's text to pass on; sets `hit` when the completion ends in it."""
+        if self.hit:
             return ""
         if self._started is None:
-            self._started = time.perf_counter()
-        before = len(self.text)
-        self.text += piece
-        if self.n_indent > 0:
-            offset = 0
-            for i, line in enumerate(self.text.split("\n")):
-                stripped = line.lstrip(" \t")
-                if i > 0 and stripped and len(line) - len(stripped) < self.n_indent:
-                    self.hit = True
-                    self.text = self.text[:offset]
-                    return self.text[before:] if len(self.text) > before else ""
-                offset += len(line) + 1
-        if self.t_max and "\n" in self.text and time.perf_counter() - self._started > self.t_max:
-            self.hit = True
-        return self.text[before:]
+            self._started = self.clock()
+        # A round that only releases text held back for a stop string has no tokens of its own.
+        tokens = event.pieces or ((event.text,) if event.accepted or event.token is not None else ())
+        for piece in tokens:
+            self._token(piece)
+            if self.hit:
+                break
+        self.visible += event.text
+        end = len(self.visible) if self.cut is None else min(self.cut, len(self.visible))
+        out = self.visible[self.sent:end]
+        self.sent = max(self.sent, end)
+        return out
+
+    def _token(self, piece: str) -> None:
+        self.generated += piece
+        if self._has_new_line and self.n_indent > 0:
+            if self._last_nl_pos > 0:
+                pos, indent = self._last_nl_pos, 0
+                while pos < len(self.generated) and self.generated[pos] in " \t":
+                    pos, indent = pos + 1, indent + 1
+                if pos < len(self.generated) and indent < self.n_indent:
+                    self.cut = pos
+                    return
+            newline = self.generated.find("\n", self._last_nl_pos)
+            if newline != -1:
+                self._last_nl_pos = newline + 1
+        if "\n" in piece:
+            self._has_new_line = True
+            assert self._started is not None
+            if self.t_max is not None and self.clock() - self._started > self.t_max:
+                self.cut = len(self.generated)

@@ -28,6 +28,7 @@ class Job:
     draft_len: int | None | str = "default"
     endpoint: str = ""
     cancel: threading.Event = field(default_factory=threading.Event)
+    limited: bool = False      # the dialect ended it for an editor limit (n_indent, t_max_predict_ms)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
 
@@ -55,7 +56,7 @@ class Metrics:
     last_tokens_per_s: float = 0.0
     last_speedup: float = 0.0
 
-    def count(self, summary: Summary, prefill: Prefill | None) -> None:
+    def count(self, summary: Summary, prefill: Prefill | None, limited: bool = False) -> None:
         self.generated_tokens += summary.generated_tokens
         self.drafted_tokens += summary.drafted
         self.accepted_tokens += summary.accepted
@@ -63,8 +64,8 @@ class Metrics:
         self.generation_seconds += summary.wall_s
         self.last_tokens_per_s = summary.tokens_per_s
         self.last_speedup = summary.speedup
-        if summary.stop_reason == "cancelled":
-            self.cancelled += 1
+        if summary.stop_reason == "cancelled" and not limited:  # a completion ended by its own limits is not
+            self.cancelled += 1                                  # a cancelled one (llama.cpp: stop_type "limit")
         if prefill:
             self.prompt_tokens += prefill.prompt_tokens
             self.prompt_tokens_cached += prefill.cached
@@ -145,7 +146,7 @@ class Scheduler:
                 if isinstance(event, Prefill):
                     prefill = event
                 elif isinstance(event, Summary):
-                    self.metrics.count(event, prefill)
+                    self.metrics.count(event, prefill, job.limited)
                 send(event)
         except LocalspecError as exc:
             self.metrics.errors += 1
@@ -170,7 +171,7 @@ class Scheduler:
                           f"localspec_{name}{{{label}}} {value}"])
 
         metric("errors_total", "counter", "Generations that failed.", m.errors)
-        metric("cancelled_total", "counter", "Generations cancelled (client gone, limits).", m.cancelled)
+        metric("cancelled_total", "counter", "Generations cancelled (the client went away).", m.cancelled)
         metric("prompt_tokens_total", "counter", "Prompt tokens received.", m.prompt_tokens)
         metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from the KV cache.", m.prompt_tokens_cached)
         metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens)

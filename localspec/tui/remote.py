@@ -28,6 +28,7 @@ def _event(data: dict):
         return Prefill(**data)
     if kind == "round":
         data["accepted"], data["rejected"] = tuple(data["accepted"]), tuple(data["rejected"])
+        data["pieces"] = tuple(data.get("pieces", ()))
         return Round(**data)
     if kind == "summary":
         for key in ("acceptance_by_position", "drafted_by_position", "kept_by_position"):
