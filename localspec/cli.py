@@ -286,9 +286,17 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
 @click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True,
               help=DRAFTER_OPTION_HELP)
-@click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True, help="Context window in tokens.")
+@click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True,
+              help="KV cache in tokens, shared out among the slots (as llama-server's -c).")
+@click.option("--slots", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="KV slots: each request uses the one holding the longest prefix of its prompt, so an editor's "
+                   "cache-warming requests do not evict the cache of the completions at the cursor.")
+@click.option("--temp", "temperature", type=click.FloatRange(0, 5), default=None,
+              help="Temperature for requests that set none (0: greedy, reproducible completions). Default: each "
+                   "dialect's own (llama.cpp 0.8, OpenAI 1.0, Ollama 0.8).")
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
-def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, gpu_layers) -> None:
+def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
+          gpu_layers) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -302,7 +310,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     entry = entry_id or load_catalog().default_pair
     sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
-               n_gpu_layers=gpu_layers, say=lambda m: click.echo(m, err=True))
+               n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, say=lambda m: click.echo(m, err=True))
 
 
 @cli.command()

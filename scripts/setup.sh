@@ -8,8 +8,25 @@
 # Default flags target x86-64-v3 (AVX2/FMA/F16C) rather than -march=native: some virtual machines
 # advertise Intel AMX but fault when it is used, and a native build then crashes in its AMX kernels.
 # Set LOCALSPEC_CMAKE_ARGS to override, e.g. "-DGGML_CUDA=on" for NVIDIA GPUs (see README, "GPU").
+#
+# --with-editor-tools: also make sure vim, tmux and curl are there (Debian's, with apt, only if missing and
+# only as root): the real-editor test drives the llama.vim plugin in vim inside tmux, and skips without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--with-editor-tools" ]; then
+    missing=""
+    for tool in vim tmux curl; do command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"; done
+    if [ -n "$missing" ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "Installing$missing for the real-editor test..."
+            { apt-get update -qq && apt-get install -y -qq vim-nox tmux curl; } >/dev/null 2>&1 \
+                || echo "Could not install$missing; tests/test_editor_vim.py will be skipped."
+        else
+            echo "Missing$missing (not root or no apt-get); tests/test_editor_vim.py will be skipped."
+        fi
+    fi
+fi
 
 PYTHON="${PYTHON:-python3}"
 LLAMA_VERSION="0.3.36"

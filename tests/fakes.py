@@ -68,6 +68,9 @@ class ScriptedEngine:
             raise ContextOverflowError("The prompt is longer than the context window holds.")
         return self._events(cancel or threading.Event(), max_tokens)
 
+    def slot_tokens(self) -> list[int]:
+        return [0]
+
     def chat_tokens(self, messages):
         return self.vocab.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages))
 

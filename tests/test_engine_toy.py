@@ -464,3 +464,24 @@ def test_the_engine_drafts_a_shared_opening_and_output_is_unchanged():
     first = next(e for e in events if isinstance(e, Round))
     assert first.drafter == "ngram" and len(first.accepted) >= 2
     assert _tokens(events) == _plain([0, 6, 5, 9], 12)
+
+
+def test_requests_go_to_the_slot_with_their_prefix_and_a_warm_up_does_not_evict_it():
+    """Two slots: a completion's cache survives an unrelated request in between (an editor's cache
+    warming), and output is the same as with one slot."""
+    target = ToyModel(seed=3, n_seq=2)
+    engine = Engine(target, None, EngineOptions(drafter="ngram", learn_costs=False), cost=CostModel(dict(COST)))
+    completion = [0, 5, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 6]
+    first = list(engine.generate(completion, max_tokens=6))
+    assert engine.kv.seq == 0
+    warm_up = [0] + list(range(20, 34))  # only the first token in common: under a tenth
+    list(engine.generate(warm_up, max_tokens=1))
+    assert engine.kv.seq == 1 and target.seqs[0][:len(completion) - 1] == completion[:-1]  # slot 0 kept
+    again = completion + [7, 8]
+    events = list(engine.generate(again, max_tokens=6))
+    prefill = events[0]
+    assert isinstance(prefill, Prefill) and engine.kv.seq == 0 and prefill.cached >= len(completion) - 1
+    assert _tokens(events) == _plain(again, 6) and _tokens(first) == _plain(completion, 6)
+    third = [0] + list(range(4, 18))[::-1]  # nothing else in common: the least recently used slot (the warm-up's)
+    list(engine.generate(third, max_tokens=1))
+    assert engine.kv.seq == 1 and target.seqs[0][:len(again) - 1] == again[:-1]

@@ -256,3 +256,8 @@ def test_stop_types_are_llama_cpps():
     assert [stop_type(summary(r), False) for r in ("eog", "stop", "length", "context", "cancelled")] == \
         ["eos", "word", "limit", "limit", "none"]
     assert stop_type(summary("cancelled"), True) == "limit"
+
+
+def test_slots_lists_every_slot(client):
+    slots = client.get("/slots").json()
+    assert [s["id"] for s in slots] == [0] and {"n_ctx", "is_processing", "n_tokens_cached"} <= set(slots[0])

@@ -45,7 +45,7 @@ class ToyVocab:
 
 class ToyModel:
     def __init__(self, n_vocab: int = 48, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0, noise_seed: int | None = None,
-                 noise: float = 0.0, eos_bias: float = -4.0):
+                 noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1):
         rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -57,7 +57,9 @@ class ToyModel:
             self.a = self.a + nrng.normal(size=self.a.shape) * noise
             self.b = self.b + nrng.normal(size=self.b.shape) * noise
         self.a[:, 1] += eos_bias
-        self.tokens: list[int] = []
+        self.n_seq = n_seq
+        self.seqs: dict[int, list[int]] = {s: [] for s in range(n_seq)}  # each sequence's cache (slots)
+        self.tokens = self.seqs[0]
         self.evaluated = 0
         self.calls: list[tuple[int, int]] = []  # (start, n) of every decode
 
@@ -66,17 +68,18 @@ class ToyModel:
         p2 = prefix[-2] if len(prefix) > 1 else 0
         return (self.a[p1] + self.b[p2]).astype(np.float32)
 
-    def decode(self, tokens: list[int], start: int, logits_for: list[int]) -> np.ndarray:
-        assert start == len(self.tokens), f"decode at {start} but the cache holds {len(self.tokens)}"
+    def decode(self, tokens: list[int], start: int, logits_for: list[int], seq: int = 0) -> np.ndarray:
+        held = self.seqs[seq]
+        assert start == len(held), f"decode at {start} but sequence {seq} holds {len(held)}"
         assert start + len(tokens) <= self.n_ctx
-        self.tokens.extend(tokens)
+        held.extend(tokens)
         self.evaluated += len(tokens)
         self.calls.append((start, len(tokens)))
-        rows = [self.logits_at(self.tokens[: start + i + 1]) for i in logits_for]
+        rows = [self.logits_at(held[: start + i + 1]) for i in logits_for]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
-    def truncate(self, n_keep: int) -> None:
-        del self.tokens[n_keep:]
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        del self.seqs[seq][n_keep:]
 
     def chat_template(self):
         return None

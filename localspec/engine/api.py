@@ -49,7 +49,12 @@ class Engine:
         self.draft = draft
         self.self_draft = self_draft
         self.options = options or EngineOptions()
-        self.kv = KvSequence(target)
+        # Slots: the target's KV sequences. Each request takes the one holding the longest prefix of its
+        # prompt, or the least recently used, so an editor's cache-warming request or a second client
+        # does not evict the cache the completions at the cursor keep using (llama-server's slots).
+        self.slots = [KvSequence(target, seq=i) for i in range(getattr(target, "n_seq", 1))]
+        self.kv = self.slots[0]
+        self._requests = 0
         self.ngram = NgramDrafter(ends_copy=getattr(target.vocab, "is_control", None))
         self.openings = OpeningDrafter()
         self.model_drafter = ModelDrafter(draft, p_min=self.options.draft_p_min) if draft is not None else None
@@ -99,6 +104,9 @@ class Engine:
     @property
     def chat_template(self) -> str:
         return self.template.text
+
+    def slot_tokens(self) -> list[int]:
+        return [len(slot.tokens) for slot in self.slots]
 
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         return self.template.tokens(self.target.vocab, messages)
@@ -212,9 +220,21 @@ class Engine:
                             drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
                             kv_tokens=len(self.kv.tokens))
 
+    def slot_for(self, prompt: Sequence[int]) -> KvSequence:
+        """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
+        prompt (llama-server's slot similarity); otherwise the least recently used one."""
+        reuse = {id(s): common_prefix(s.tokens, prompt) for s in self.slots}
+        best = max(self.slots, key=lambda s: (reuse[id(s)], -s.last_used))
+        if reuse[id(best)] * 10 >= len(prompt) and reuse[id(best)] > 0:
+            return best
+        return min(self.slots, key=lambda s: s.last_used)
+
     def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
-        """The prompt into the KV cache, all but its last token (the first round evaluates that one);
-        the longest cached prefix is kept."""
+        """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
+        one); the longest cached prefix is kept."""
+        self.kv = self.slot_for(prompt)
+        self._requests += 1
+        self.kv.last_used = self._requests
         keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
         self.kv.rewind(keep)
         self.kv.extend(prompt[keep:-1])
@@ -273,7 +293,8 @@ class Engine:
 
     def reset(self) -> None:
         """Forget the cached prompt (the next generation evaluates its whole prompt)."""
-        self.kv.reset()
+        for slot in self.slots:
+            slot.reset()
         for drafter in (self.model_drafter, self.self_drafter):
             if drafter is not None:
                 drafter.reset()
@@ -305,9 +326,11 @@ def load_files(
     n_gpu_layers: int | None = None,
     draft_gpu_layers: int | None = None,
     calibrate: bool = True,
+    slots: int = 1,
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
-    resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read."""
+    resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
+    `slots`: KV sequences of the target that requests are routed to (n_ctx is shared out among them)."""
     from localspec.engine.backend import Model, ModelOptions
 
     if drafter in ("none", "ngram", "self"):
@@ -319,7 +342,8 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
-    target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
+    target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                             n_seq=slots))
     draft_model = self_model = None
     try:
         if draft_path is not None:

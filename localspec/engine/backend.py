@@ -138,6 +138,7 @@ class ModelOptions:
     mmap: bool | None = None          # None: llama.cpp decides (mmap on CPUs); False: read into memory (less RSS,
                                       # slower decoding on CPUs); True: mmap explicitly
     n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
+    n_seq: int = 1                    # KV sequences (slots); n_ctx is shared out among them, as llama-server's -np
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -273,8 +274,8 @@ class VocabFile:
 class Model:
     """One GGUF with one context: decode at explicit positions, roll back the KV cache.
 
-    Only sequence 0 is used. `decode` appends tokens at positions start…start+n-1 and returns logits
-    for the indices listed in `logits_for` only.
+    `options.n_seq` sequences (slots), each with its own `n_ctx` cells. `decode` appends tokens at
+    positions start…start+n-1 of one sequence and returns logits for the indices in `logits_for` only.
     """
 
     def __init__(self, path: Path | str, options: ModelOptions | None = None):
@@ -302,7 +303,8 @@ class Model:
         cparams.n_ctx = n_ctx
         cparams.n_batch = min(self.options.n_batch, n_ctx)
         cparams.n_ubatch = cparams.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = max(1, self.options.n_seq)
+        cparams.kv_unified = False  # each sequence its own cells: a slot's attention never spans the others'
         # Logits are asked for a few positions per call (a verify batch), never a whole batch: a
         # buffer for n_batch rows would cost n_batch x n_vocab floats (311 MB for Qwen) per model.
         cparams.n_outputs_max = self.options.n_outputs_max
@@ -317,7 +319,8 @@ class Model:
             why = _problems_since(mark) or "out of memory?"
             self.close()
             raise LocalspecError(f"Cannot create a context of {n_ctx} tokens for {self.path.name}: {why}")
-        self.n_ctx = L.llama_n_ctx(self._ctx)
+        self.n_seq = cparams.n_seq_max
+        self.n_ctx = L.llama_n_ctx_seq(self._ctx)  # per sequence: what one request may hold
         self.n_batch = L.llama_n_batch(self._ctx)
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
@@ -345,8 +348,10 @@ class Model:
 
     # --- the KV cache
 
-    def decode(self, tokens: list[int], start: int, logits_for: list[int] | tuple[int, ...] = ()) -> np.ndarray:
-        """Evaluate `tokens` at positions start…; return logits rows for the indices in `logits_for`."""
+    def decode(self, tokens: list[int], start: int, logits_for: list[int] | tuple[int, ...] = (),
+               seq: int = 0) -> np.ndarray:
+        """Evaluate `tokens` at positions start… of sequence `seq`; return logits rows for the indices in
+        `logits_for`."""
         if not tokens:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
         if start + len(tokens) > self.n_ctx:
@@ -368,7 +373,7 @@ class Model:
                 batch.token[j] = token
                 batch.pos[j] = start + chunk_start + j
                 batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
+                batch.seq_id[j][0] = seq
                 want = (chunk_start + j) in wanted
                 batch.logits[j] = want
                 if want:
@@ -383,9 +388,9 @@ class Model:
                 rows[chunk_start + j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
         return np.stack([rows[i] for i in logits_for]) if logits_for else np.zeros((0, self.n_vocab), np.float32)
 
-    def truncate(self, n_keep: int) -> None:
-        """Forget every position >= n_keep."""
-        if not L.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        """Forget every position >= n_keep of sequence `seq`."""
+        if not L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
 

@@ -94,6 +94,10 @@ class ServedEngine(ChatEngine, Protocol):
 
     def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
 
+    def slot_tokens(self) -> list[int]:
+        """Tokens held in each KV slot, by slot id."""
+        ...
+
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),

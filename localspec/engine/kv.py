@@ -20,10 +20,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class KvSequence:
-    def __init__(self, model):
+    """One sequence (slot) of a model's KV cache."""
+
+    def __init__(self, model, seq: int = 0):
         self.model = model
+        self.seq = seq
         self.tokens: list[int] = []
         self.evaluated = 0  # positions run through the model, over this object's life
+        self.last_used = -1  # when a request last used it (the engine's request counter)
 
     @property
     def n_ctx(self) -> int:
@@ -34,11 +38,11 @@ class KvSequence:
 
     def rewind(self, n_keep: int) -> None:
         if n_keep < len(self.tokens):
-            self.model.truncate(n_keep)
+            self.model.truncate(n_keep, seq=self.seq)
             del self.tokens[n_keep:]
 
     def extend(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
-        logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for))
+        logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for), seq=self.seq)
         self.tokens.extend(tokens)
         self.evaluated += len(tokens)
         return logits

@@ -62,6 +62,7 @@ class Served:
     family: str = ""
     quantization: str = ""
     created: int = 0
+    temperature: float | None = None   # for requests that set none (`serve --temp`); None: each dialect's default
 
     def check_model(self, requested: str | None) -> None:
         if not requested:
@@ -97,7 +98,8 @@ class Served:
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None) -> SamplingSettings:
         d = SamplingSettings()
         return SamplingSettings(
-            temperature=default_temperature if f.temperature is None else f.temperature,
+            temperature=f.temperature if f.temperature is not None else
+            self.temperature if self.temperature is not None else default_temperature,
             top_k=d.top_k if f.top_k is None else f.top_k,
             top_p=d.top_p if f.top_p is None else f.top_p,
             min_p=d.min_p if f.min_p is None else f.min_p,

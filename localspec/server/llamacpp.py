@@ -61,7 +61,7 @@ def router(served: Served) -> APIRouter:
                            "n_indent": 0, "t_max_predict_ms": -1, "stop": [], "seed": -1},
                 "n_ctx": served.n_ctx,
             },
-            "total_slots": 1,
+            "total_slots": len(served.engine.slot_tokens()),
             "model_alias": served.name,
             "model_path": served.name,
             "chat_template": served.engine.chat_template,
@@ -69,6 +69,15 @@ def router(served: Served) -> APIRouter:
             "eos_token": vocab.text(vocab.eos) if vocab.eos >= 0 else "",
             "build_info": f"localspec {__version__}",
         }), media_type="application/json")
+
+    @api.get("/slots")
+    def slots() -> Response:
+        """llama.cpp's /slots, in part: each slot's id, context, and the tokens its cache holds."""
+        busy = served.scheduler.waiting > 0
+        return Response(compact([{"id": i, "id_task": -1, "n_ctx": served.n_ctx, "speculative": True,
+                                  "is_processing": busy, "n_tokens_cached": n}
+                                 for i, n in enumerate(served.engine.slot_tokens())]),
+                        media_type="application/json")
 
     @api.post("/completion")
     @api.post("/completions")

@@ -22,7 +22,7 @@ from localspec.server.scheduler import Scheduler
 DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no editor configuration needed
 
 
-def served_for(engine: Engine, entry_id: str) -> Served:
+def served_for(engine: Engine, entry_id: str, temperature: float | None = None) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'."""
     target_path = Path(engine.target.path)
     is_file = entry_id.endswith(".gguf")
@@ -45,6 +45,7 @@ def served_for(engine: Engine, entry_id: str) -> Served:
     if not size and target_path.exists():
         size = target_path.stat().st_size
     return Served(engine=engine, scheduler=Scheduler(engine), name=name, aliases=frozenset(aliases), size=size,
+                  temperature=temperature,
                   family=family, quantization=str(quant), created=int(time.time()))
 
 
@@ -153,7 +154,8 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
 
 
 def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_key: str | None,
-          n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None]) -> None:
+          n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
+          temperature: float | None = None) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -165,12 +167,14 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     tcp = bind_tcp(host, port)
     unix = bind_unix(socket_path) if socket_path else None
     say(f"Loading {entry_id}…")
-    engine = load(entry_id, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=n_gpu_layers)
-    served = served_for(engine, entry_id)
+    engine = load(entry_id, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=n_gpu_layers,
+                  slots=slots)
+    served = served_for(engine, entry_id, temperature)
     app = create_server_app(served, api_key=api_key, any_host=remote)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{tcp.getsockname()[1]}"
-    say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {engine.n_ctx} tokens of context)")
+    say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {len(engine.slots)} slots of "
+        f"{engine.n_ctx} tokens of context)")
     say(f"  TCP          {url}")
     if unix is not None:
         say(f"  Unix socket  {socket_path}  (curl --unix-socket {socket_path} http://localhost/health)")

@@ -9,6 +9,7 @@ in one file, a chat's next turn) reuse the engine's KV cache for that prefix.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class Scheduler:
     def __init__(self, engine):
         self.engine = engine
         self.metrics = Metrics()
+        # The latest requests, newest last: (endpoint, token budget, prompt tokens, of them reused from the cache).
+        self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._busy = False
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
@@ -145,6 +148,7 @@ class Scheduler:
             for event in events:
                 if isinstance(event, Prefill):
                     prefill = event
+                    self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
                 elif isinstance(event, Summary):
                     self.metrics.count(event, prefill, job.limited)
                 send(event)
