@@ -387,6 +387,28 @@ def to_json(runs: list[Run], rows: list[Row], meta: dict) -> dict:
     return {"meta": meta, "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]}
 
 
+def draft_costs(engine) -> dict[str, float]:
+    """Seconds per drafted token of each drafter setting (lookups are free)."""
+    costs = {"ngram": 0.0, "auto": 0.0}
+    if engine.draft is not None:
+        costs["model"] = engine.draft_cost.per_token_s
+    if engine.self_drafter is not None:
+        costs["self"] = engine.self_cost.per_token_s
+    return costs
+
+
+def meta(engine, entry: str, **settings) -> dict:
+    """What a run was: the files, the machine, the settings, the measured costs, the peers that did not run."""
+    import platform
+
+    return {"entry": entry, "target": engine.target.path.name,
+            "draft": engine.draft.path.name if engine.draft is not None else None,
+            "machine": platform.machine(), "threads": os.cpu_count(), **settings,
+            "verify_ms": {n: round(engine.cost.verify(n) * 1000, 2) for n in sorted(engine.cost.verify_s)},
+            "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in draft_costs(engine).items()},
+            "draft_files": describe(engine)}
+
+
 def describe(engine) -> list[tuple[str, str, int, str]]:
     """(role, file name, size, note) of the drafts a bench ran with, for the report."""
     out = []

@@ -382,19 +382,9 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
         runs, not_run = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens,
                                 repeat=repeat, peers=peers, peer_prompts=peer_prompts,
                                 progress=lambda m: click.echo(m, err=True))
-        costs = {"ngram": 0.0, "auto": 0.0}
-        if engine.draft is not None:
-            costs["model"] = engine.draft_cost.per_token_s
-        if getattr(engine, "self_drafter", None) is not None:
-            costs["self"] = engine.self_cost.per_token_s
-        rows = b.summarize(runs, engine.cost.verify, costs)
-        meta = {"entry": entry, "target": engine.target.path.name,
-                "draft": engine.draft.path.name if engine.draft is not None else None,
-                "machine": platform.machine(), "threads": os.cpu_count(), "max_tokens": max_tokens,
-                "repeat": repeat, "temperatures": temps, "drafters": drafters,
-                "verify_ms": {n: round(engine.cost.verify(n) * 1000, 2) for n in sorted(engine.cost.verify_s)},
-                "draft_ms_per_token": {k: round(v * 1000, 2) for k, v in costs.items()},
-                "draft_files": b.describe(engine), "peers_not_run": not_run}
+        rows = b.summarize(runs, engine.cost.verify, b.draft_costs(engine))
+        meta = b.meta(engine, entry, max_tokens=max_tokens, repeat=repeat, temperatures=temps, drafters=drafters,
+                      peers_not_run=not_run)
     click.echo(b.markdown(rows))
     click.echo("\nSpeedups are against the faster plain decoding in this run (localspec's, or llama-cpp-python's "
                "`Llama` on the same file); first token: median from an empty cache, prompt included.")
