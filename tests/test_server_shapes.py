@@ -261,3 +261,42 @@ def test_stop_types_are_llama_cpps():
 def test_slots_lists_every_slot(client):
     slots = client.get("/slots").json()
     assert [s["id"] for s in slots] == [0] and {"n_ctx", "is_processing", "n_tokens_cached"} <= set(slots[0])
+
+
+def test_a_request_whose_client_left_while_it_waited_in_the_queue_is_never_run():
+    """An editor abandons a completion the moment the user types on (llama.vim kills its curl); the
+    request waiting behind the running one must not then take the engine (real uvicorn, scripted engine).
+    This also holds the server's guard to a plain ASGI middleware: Starlette's BaseHTTPMiddleware hides
+    a client's disconnect from `request.is_disconnected()`."""
+    import threading
+    import time
+
+    import httpx
+
+    from localspec.server.run import start_in_thread
+
+    hold = threading.Event()
+    engine = ScriptedEngine(hold=hold)
+    served = Served(engine=engine, scheduler=Scheduler(engine), name="scripted", aliases=frozenset({"scripted"}))
+    running = start_in_thread(served)
+    try:
+        first = threading.Thread(target=lambda: httpx.post(running.url + "/completion", json={"prompt": "a"},
+                                                           timeout=30))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not engine.calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(engine.calls) == 1  # the first request holds the engine
+        with pytest.raises(httpx.TimeoutException):  # the second waits in the queue; its client gives up
+            httpx.post(running.url + "/completion", json={"prompt": "b"}, timeout=0.5)
+        time.sleep(0.5)  # the server notices (it polls every 0.1 s)
+        hold.set()
+        first.join(10)
+        time.sleep(0.5)
+        assert len(engine.calls) == 1, engine.calls  # the abandoned request never reached the engine
+        assert httpx.post(running.url + "/completion", json={"prompt": "c"}, timeout=10).status_code == 200
+        assert len(engine.calls) == 2
+    finally:
+        hold.set()
+        running.stop()
+        served.scheduler.close()

@@ -19,13 +19,31 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 OPEN_PATHS = {"/health", "/metrics"}
 
 
+class Guard:
+    """Refuses what `refusal` names before any route runs. A plain ASGI middleware, not
+    @app.middleware("http"): Starlette's BaseHTTPMiddleware wraps the receive channel so that
+    `request.is_disconnected()` never sees a client that left, and a non-streaming completion that an
+    editor abandoned (llama.vim kills its curl as the user types on) would run to its end."""
+
+    def __init__(self, app, refusal) -> None:
+        self.app = app
+        self.refusal = refusal
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            response = self.refusal(Request(scope))
+            if response is not None:
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_server_app(served: Served, *, api_key: str | None = None, any_host: bool = False) -> FastAPI:
     """`any_host`: accept any Host header (only when bound beyond loopback, where the API key is required)."""
     app = FastAPI(title="localspec", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
+    def refusal(request: Request) -> Response | None:
         # DNS rebinding: a web page can point its own domain at 127.0.0.1, but it cannot fake the Host header.
         host = _hostname(request.headers.get("host", "localhost"))
         if not any_host and host not in LOCAL_HOSTS:
@@ -40,7 +58,9 @@ def create_server_app(served: Served, *, api_key: str | None = None, any_host: b
             if not hmac.compare_digest(token.encode(), api_key.encode()):
                 return _error(request, 401, "Missing or wrong API key (send Authorization: Bearer KEY).",
                               "authentication_error")
-        return await call_next(request)
+        return None
+
+    app.add_middleware(Guard, refusal=refusal)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -125,12 +125,17 @@ class Served:
                    sampling=self.sampling(f, default_temperature, seed), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)
 
-    async def start(self, job: Job) -> tuple[Prefill, AsyncIterator]:
-        """Queue the job and wait for its prefill, so a bad request fails before any response is sent."""
+    async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:
+        """Queue the job and wait for its prefill, so a bad request fails before any response is sent.
+        A client that goes away while its request waits in the queue takes the request with it (an editor
+        abandons a completion the moment the user types on): it is never run."""
         events = self.scheduler.generate(job)
+        watcher = asyncio.create_task(guard_disconnect(request, job)) if request is not None else None
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
+            if job.cancel.is_set():
+                raise ApiError(400, "The client went away before its request started.") from None
             raise ApiError(503, "The server is shutting down.", "unavailable_error") from None
         except ContextOverflowError as exc:
             raise ApiError(400, str(exc), "exceed_context_size_error") from None
@@ -138,6 +143,9 @@ class Served:
             raise ApiError(400, str(exc)) from None
         except RuntimeError as exc:
             raise ApiError(500, str(exc), "server_error") from None
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         if not isinstance(first, Prefill):
             raise ApiError(500, "The engine did not start with the prompt.", "server_error")
         return first, events

@@ -107,12 +107,12 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     if body.stream:
         if count > 1:
             raise ApiError(400, "n_cmpl > 1 is not supported with stream; ask for one completion per request.")
-        return await _stream(served, body, tokens, endpoint)
+        return await _stream(served, request, body, tokens, endpoint)
     results = []
     for i in range(count):
         job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint,
                          seed=None if body.seed is None else body.seed + i)
-        prefill, events = await served.start(job)
+        prefill, events = await served.start(job, request)
         limits = Limits(body.n_indent, body.t_max_predict_ms)
 
         def on_round(event: Round) -> None:
@@ -128,9 +128,10 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     return Response(compact(body_out), media_type="application/json")
 
 
-async def _stream(served: Served, body: CompletionRequest, tokens: list[int], endpoint: str) -> StreamingResponse:
+async def _stream(served: Served, request: Request, body: CompletionRequest, tokens: list[int],
+                  endpoint: str) -> StreamingResponse:
     job = served.job(tokens, 1 if body.n_predict == 0 else body.n_predict, body, DEFAULT_TEMPERATURE, endpoint)
-    prefill, events = await served.start(job)
+    prefill, events = await served.start(job, request)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
 
     def chunk(event: Round) -> bytes | None:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from localspec.engine.events import Prefill, Round, Summary
@@ -40,13 +40,13 @@ def router(served: Served) -> APIRouter:
                 "drafters": list(engine.drafters), "baseline_tokens_per_s": engine.baseline_tokens_per_s}
 
     @api.post("/generate")
-    async def generate(body: GenerateRequest):
+    async def generate(body: GenerateRequest, request: Request):
         if body.messages is not None:
             tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
         else:
             tokens = served.text_tokens(body.prompt or "", special=False)
         job = served.job(tokens, body.max_tokens, body, 0.0, "native")
-        first, events = await served.start(job)
+        first, events = await served.start(job, request)
 
         def line(event: Prefill | Round | Summary) -> bytes:
             return compact(event.to_dict()) + b"\n"

@@ -120,7 +120,7 @@ async def _respond(served: Served, request: Request, model: str, options: Option
                    endpoint: str, chat: bool):
     limit = options.num_predict if options.num_predict is not None and options.num_predict >= 0 else None
     job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint)
-    prefill, events = await served.start(job)
+    prefill, events = await served.start(job, request)
 
     def line(text: str | None, summary: Summary | None = None) -> bytes:
         out: dict = {"model": model, "created_at": _now()}

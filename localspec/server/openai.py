@@ -78,7 +78,7 @@ def router(served: Served) -> APIRouter:
         tokens = served.chat_tokens(messages)
         limit = body.max_completion_tokens or body.max_tokens or body.n_predict
         job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat")
-        prefill, events = await served.start(job)
+        prefill, events = await served.start(job, request)
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -106,7 +106,7 @@ def router(served: Served) -> APIRouter:
         else:
             tokens = served.text_tokens(prompt, special=False)
         job = served.job(tokens, max(1, body.max_tokens or 16), body, DEFAULT_TEMPERATURE, "completions")
-        prefill, events = await served.start(job)
+        prefill, events = await served.start(job, request)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
