@@ -152,7 +152,8 @@ class Served:
 
 
 async def guard_disconnect(request, job: Job, interval: float = 0.1) -> None:
-    """For non-streaming requests: cancel the generation once the client is gone."""
+    """Cancel the request once its client is gone: while it waits in the queue, and while a
+    non-streaming one generates (a streaming response notices by itself)."""
     while not job.cancel.is_set():
         if await request.is_disconnected():
             job.cancel.set()
