@@ -258,9 +258,10 @@ def test_stop_types_are_llama_cpps():
     assert stop_type(summary("cancelled"), True) == "limit"
 
 
-def test_slots_lists_every_slot(client):
+def test_slots_lists_every_slot_and_metrics_show_what_each_holds(client):
     slots = client.get("/slots").json()
     assert [s["id"] for s in slots] == [0] and {"n_ctx", "is_processing", "n_tokens_cached"} <= set(slots[0])
+    assert 'localspec_slot_tokens{model="scripted",slot="0"} 0' in client.get("/metrics").text
 
 
 def test_a_request_whose_client_left_while_it_waited_in_the_queue_is_never_run():

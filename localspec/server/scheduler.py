@@ -186,4 +186,8 @@ class Scheduler:
         metric("tokens_per_second", "gauge", "Throughput of the last generation.", round(m.last_tokens_per_s, 3))
         metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
         metric("queue_depth", "gauge", "Requests running or waiting.", self.waiting)
+        lines += ["# HELP localspec_slot_tokens Tokens held in each KV slot (what a request with that prefix reuses).",
+                  "# TYPE localspec_slot_tokens gauge",
+                  *[f'localspec_slot_tokens{{{label},slot="{i}"}} {n}'
+                    for i, n in enumerate(self.engine.slot_tokens())]]
         return "\n".join(lines) + "\n"
