@@ -220,22 +220,24 @@ class Engine:
                             drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
                             kv_tokens=len(self.kv.tokens))
 
-    def slot_for(self, prompt: Sequence[int]) -> KvSequence:
+    def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
-        prompt (llama-server's slot similarity); otherwise the least recently used one."""
-        reuse = {id(s): common_prefix(s.tokens, prompt) for s in self.slots}
-        best = max(self.slots, key=lambda s: (reuse[id(s)], -s.last_used))
-        if reuse[id(best)] * 10 >= len(prompt) and reuse[id(best)] > 0:
-            return best
-        return min(self.slots, key=lambda s: s.last_used)
+        prompt (llama-server's slot similarity), otherwise the least recently used one; and how many
+        of the prompt's tokens it already holds."""
+        held = [common_prefix(s.tokens, prompt) for s in self.slots]
+        i = max(range(len(self.slots)), key=lambda j: (held[j], -self.slots[j].last_used))
+        if held[i] > 0 and held[i] * 10 >= len(prompt):
+            return self.slots[i], held[i]
+        oldest = min(range(len(self.slots)), key=lambda j: self.slots[j].last_used)
+        return self.slots[oldest], held[oldest]
 
     def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
         """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
         one); the longest cached prefix is kept."""
-        self.kv = self.slot_for(prompt)
+        self.kv, reuse = self.slot_for(prompt)
         self._requests += 1
         self.kv.last_used = self._requests
-        keep = min(common_prefix(self.kv.tokens, prompt), len(prompt) - 1)
+        keep = min(reuse, len(prompt) - 1)
         self.kv.rewind(keep)
         self.kv.extend(prompt[keep:-1])
         planner.prefill(prompt)
