@@ -26,6 +26,9 @@ from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.errors import LocalspecError
 
 SUITES = ("code", "edit", "chat", "creative")
+SESSIONS = "sessions"   # the session suites: related requests in order (bench_prompts/sessions.yaml)
+SESSION_KINDS = ("follow-up", "regenerate", "quote", "tool-output")
+FIRST_REQUEST = "session-start"  # the runs of each session's first request (no history to draft from yet)
 DRAFTERS = tuple(d for d in DRAFTER_SETTINGS if d != "none")  # each compared with plain decoding
 PEERS = ("llama-cpp-python", "llama-cpp-python+lookup", "llama-speculative-simple")
 
@@ -41,11 +44,39 @@ class Prompt:
         return f"{self.suite}-{self.index + 1}"
 
 
+@dataclass(frozen=True)
+class Session:
+    """Related requests replayed in order. Each request is a user message continuing the conversation
+    after the previous answer, "regenerate" (the previous request's messages again), or {"new": text}
+    (a new conversation)."""
+
+    kind: str
+    index: int
+    requests: tuple[Any, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}-{self.index + 1}"
+
+
+def load_sessions() -> list[Session]:
+    text = resources.files("localspec").joinpath("bench_prompts", f"{SESSIONS}.yaml").read_text()
+    counts: dict[str, int] = {}
+    out = []
+    for item in yaml.safe_load(text)["sessions"]:
+        kind = item["kind"]
+        out.append(Session(kind, counts.get(kind, 0), tuple(item["requests"])))
+        counts[kind] = counts.get(kind, 0) + 1
+    return out
+
+
 def load_suites(names: Iterable[str]) -> list[Prompt]:
     prompts = []
     for name in names:
+        if name == SESSIONS:
+            continue  # run by bench_sessions
         if name not in SUITES:
-            raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join(SUITES)}.")
+            raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join((*SUITES, SESSIONS))}.")
         text = resources.files("localspec").joinpath("bench_prompts", f"{name}.yaml").read_text()
         for i, p in enumerate(yaml.safe_load(text)["prompts"]):
             prompts.append(Prompt(name, i, p))
@@ -73,6 +104,7 @@ class Run:
     tried_by_position: list[int] = field(default_factory=list)
     first_token_s: float = 0.0     # request to first answer token; with `cold`, the whole prompt is in it
     cold: bool = False             # started from an empty cache
+    drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens by the drafter that proposed them
 
 
 # ----------------------------------------------------------------------------- running
@@ -83,14 +115,14 @@ def _seed(prompt: Prompt, repeat: int) -> int:
 
 
 def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat: int, max_tokens: int,
-               cold: bool = False) -> Run:
+               cold: bool = False, messages: list[dict] | None = None) -> Run:
     from localspec.engine.events import Summary, answer_tokens
     from localspec.engine.sampling import SamplingSettings
 
     if cold:
         engine.reset()
     sampling = SamplingSettings(temperature=temperature, seed=_seed(prompt, repeat))
-    messages = [{"role": "user", "content": prompt.text}]
+    messages = messages or [{"role": "user", "content": prompt.text}]
     events = list(engine.chat(messages, max_tokens=max_tokens, sampling=sampling,
                               drafter="none" if drafter == "plain" else drafter))
     s = events[-1]
@@ -100,7 +132,8 @@ def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat:
                tokens=answer_tokens(events), generated=s.generated_tokens, seconds=s.wall_s,
                tokens_per_s=s.tokens_per_s, drafted=s.drafted, accepted=s.accepted, rounds=s.rounds,
                drafting_rounds=s.rounds - s.rounds_by_drafter.get("none", 0),
-               kept_by_position=kept, tried_by_position=tried, first_token_s=s.first_token_s, cold=cold)
+               kept_by_position=kept, tried_by_position=tried, first_token_s=s.first_token_s, cold=cold,
+               drafted_by=dict(s.drafted_by_drafter))
 
 
 class LlamaPeer:
@@ -219,6 +252,7 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
         for n, prompt in enumerate(prompts):
             tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
             order = sides if n % 2 == 0 else sides[::-1]
+            _history_recording(engine, False)  # a variant must not draft from another's answer to this prompt
             for t, temperature in enumerate(temperatures):
                 for r in range(repeat):
                     for variant in order:
@@ -251,6 +285,67 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
     return runs, notes
 
 
+def _history_recording(engine, on: bool, clear: bool = False) -> None:
+    history = engine.drafter("history") if hasattr(engine, "drafter") else None
+    if history is not None:
+        history.recording = on
+        if clear:
+            history.clear()
+
+
+def bench_sessions(engine, sessions: list[Session], *, drafters: list[str], max_tokens: int, peers: bool,
+                   progress: Callable[[str], None] = lambda _m: None) -> list[Run]:
+    """Each session's requests in order, greedy, once per variant (localspec plain, each drafter, and with
+    `peers` `Llama` plain), the order of variants reversed on every other session. The drafting history
+    starts empty for each variant's pass, so a variant drafts only from its own earlier requests of the
+    session. The conversation (earlier answers in later prompts) is the first variant's, replayed
+    verbatim for the others. Runs of a session's first request are suite FIRST_REQUEST; later requests
+    are suite = the session's kind."""
+    runs: list[Run] = []
+    sides = ["plain", *drafters] + (["llama"] if peers else [])
+    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if peers else None
+    vocab = engine.target.vocab
+    total, done, t0 = sum(len(s.requests) for s in sessions) * len(sides), 0, time.perf_counter()
+    try:
+        for n, session in enumerate(sessions):
+            transcript: list[list[dict]] = []
+            for variant in (sides if n % 2 == 0 else sides[::-1]):
+                _history_recording(engine, True, clear=True)
+                conversation: list[dict] = []
+                for i, request in enumerate(session.requests):
+                    if len(transcript) <= i:
+                        transcript.append(_next_messages(request, conversation, transcript))
+                    messages = transcript[i]
+                    prompt = Prompt(session.kind if i else FIRST_REQUEST, session.index, session.id)
+                    if variant == "llama":
+                        assert plain_peer is not None
+                        run = plain_peer.run(engine.chat_tokens(messages), prompt, 0.0, 0, max_tokens, vocab.is_eog)
+                    else:
+                        run = run_engine(engine, prompt, variant, 0.0, 0, max_tokens, messages=messages)
+                    run.prompt = f"{session.id}/{i + 1}"
+                    runs.append(run)
+                    conversation = [*messages, {"role": "assistant", "content": vocab.detokenize(run.tokens)}]
+                    done += 1
+                    eta = (time.perf_counter() - t0) / done * (total - done)
+                    share = run.drafted_by.get("history", 0) / run.drafted if run.drafted else 0.0
+                    progress(f"[{done}/{total}] {run.prompt:16} {variant:16} {run.tokens_per_s:6.1f} tok/s  "
+                             f"{run.accepted}/{run.drafted} accepted, {share:.0%} of drafts from history  "
+                             f"(about {eta / 60:.1f} min left)")
+    finally:
+        _history_recording(engine, False, clear=True)
+        if plain_peer is not None:
+            plain_peer.close()
+    return runs
+
+
+def _next_messages(request: Any, conversation: list[dict], transcript: list[list[dict]]) -> list[dict]:
+    if request == "regenerate":
+        return list(transcript[-1])
+    if isinstance(request, dict):
+        return [{"role": "user", "content": str(request["new"])}]
+    return [*conversation, {"role": "user", "content": str(request)}]
+
+
 # ----------------------------------------------------------------------------- the report (pure)
 
 
@@ -272,6 +367,7 @@ class Row:
     identical: float | None        # greedy: share of plain's tokens the speculative answer reproduced in order
     baseline: str = "plain"        # which plain decoding was faster: "plain" (localspec) or "llama-cpp-python"
     first_token_s: float | None = None  # median time to first token from an empty cache (prompt included)
+    history_share: float | None = None  # share of drafted tokens that came from the "history" drafter
 
 
 BASELINES = ("plain", PEERS[0])
@@ -322,6 +418,7 @@ def _row(suite: str, variant: str, temperature: float, sel: list[Run], group: di
     tried = [sum(r.tried_by_position[i] for r in sel if i < len(r.tried_by_position)) for i in range(width)]
     kept = [sum(r.kept_by_position[i] for r in sel if i < len(r.kept_by_position)) for i in range(width)]
     alpha = accepted / drafted if drafted else 0.0
+    from_history = sum(r.drafted_by.get("history", 0) for r in sel)
     bound = (adaptive.speedup_bound(alpha, verify, draft_costs[variant])
              if verify is not None and variant in draft_costs and drafted else None)
     identical = None
@@ -340,7 +437,8 @@ def _row(suite: str, variant: str, temperature: float, sel: list[Run], group: di
                draft_length=drafted / drafting_rounds if drafting_rounds else 0.0,
                acceptance_by_position=[k / t if t else 0.0 for k, t in zip(kept, tried)],
                bound=bound, identical=identical, baseline=baseline,
-               first_token_s=_median(cold) if cold else None)
+               first_token_s=_median(cold) if cold else None,
+               history_share=from_history / drafted if drafted else None)
 
 
 def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
@@ -348,13 +446,14 @@ def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
     """One row per suite x variant x temperature, plus 'all' suites. Every speedup is against the faster
     of localspec's and llama-cpp-python's plain decoding over the same prompts (the row says which)."""
     rows: list[Row] = []
-    suites = sorted({r.suite for r in runs}, key=lambda s: SUITES.index(s) if s in SUITES else 99)
+    order = (*SUITES, FIRST_REQUEST, *SESSION_KINDS)
+    suites = sorted({r.suite for r in runs}, key=lambda s: order.index(s) if s in order else 99)
     variants = list(dict.fromkeys(r.variant for r in runs))
     for suite in [*suites, "all"]:
         for temperature in sorted({r.temperature for r in runs}):
             group: dict[str, list[Run]] = {}
             for r in runs:
-                if r.temperature == temperature and (suite == "all" or r.suite == suite):
+                if r.temperature == temperature and (r.suite == suite or (suite == "all" and r.suite in SUITES)):
                     group.setdefault(r.variant, []).append(r)
             for variant in variants:
                 if variant in group:
@@ -367,8 +466,8 @@ def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
 def markdown(rows: list[Row]) -> str:
     lines = [
         "| suite | T | variant | baseline (faster plain) | tok/s | speedup (min-max per prompt) | first token "
-        "| acceptance | accepted/round | draft len | bound | greedy identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| acceptance | accepted/round | draft len | from history | bound | greedy identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         spec = r.variant not in PEERS and r.variant != "plain"
@@ -378,6 +477,7 @@ def markdown(rows: list[Row]) -> str:
             f"{r.speedup:.2f}x ({r.speedup_min:.2f}-{r.speedup_max:.2f}) | "
             + (f"{r.first_token_s:.2f}s | " if r.first_token_s is not None else "- | ")
             + (f"{r.acceptance:.0%} | {r.mean_accepted:.2f} | {r.draft_length:.1f} | " if spec else "- | - | - | ")
+            + (f"{r.history_share:.0%} | " if r.history_share is not None else "- | ")
             + (f"{r.bound:.2f}x" if r.bound is not None else "-") + " | "
             + (f"{r.identical:.0%}" if r.identical is not None else "-") + " |")
     return "\n".join(lines)
@@ -389,11 +489,11 @@ def to_json(runs: list[Run], rows: list[Row], meta: dict) -> dict:
 
 def draft_costs(engine) -> dict[str, float]:
     """Seconds per drafted token of each drafter setting (lookups are free)."""
-    costs = {"ngram": 0.0, "auto": 0.0}
-    if engine.draft is not None:
-        costs["model"] = engine.draft_cost.per_token_s
-    if engine.self_drafter is not None:
-        costs["self"] = engine.self_cost.per_token_s
+    costs = {"auto": 0.0}
+    for name in engine.drafters:
+        drafter = engine.drafter(name)
+        if drafter is not None:
+            costs[name] = drafter.cost.per_token_s if hasattr(drafter, "cost") else 0.0
     return costs
 
 

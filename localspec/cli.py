@@ -182,6 +182,28 @@ def doctor() -> None:
     from localspec.pull import hub_cache_dir, hub_endpoint
 
     click.echo(f"HF endpoint/cache   {hub_endpoint()}  {hub_cache_dir() or '(huggingface_hub default)'}")
+    _doctor_history()
+
+
+def _doctor_history() -> None:
+    """The "history" drafter's stored indexes: one per target file, each bounded."""
+    from localspec.config import load_user_config
+    from localspec.engine.drafters.history import MAX_TOKENS, describe_file, memory_bound
+
+    folder = paths.history_dir()
+    try:
+        state = "on" if load_user_config().history_drafts else "off (history_drafts: false in settings)"
+    except LocalspecError as exc:
+        state = f"unknown ({exc})"
+    click.echo(f"drafting history    {state}; {folder}")
+    click.echo(f"  bounded to {MAX_TOKENS:,} tokens per target (~{human_bytes(memory_bound())} in memory while loaded)")
+    for file in sorted(folder.glob("*.npz")) if folder.exists() else []:
+        try:
+            documents, tokens = describe_file(file)
+            detail = f"{documents} requests, {tokens:,} tokens"
+        except ValueError as exc:
+            detail = f"unreadable ({exc}); ignored and rebuilt at the next load"
+        click.echo(f"  {file.name}: {human_bytes(file.stat().st_size)}, {detail}")
 
 
 # ----------------------------------------------------------------------------- generation
@@ -203,8 +225,10 @@ def doctor() -> None:
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
+@click.option("--no-history-drafts", is_flag=True,
+              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
 def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
-        system, raw, n_ctx, as_json) -> None:
+        system, raw, n_ctx, as_json, no_history_drafts) -> None:
     """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
@@ -227,7 +251,12 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
             raise click.BadParameter("must be 0 or more", param_hint="--draft-len")
     settings = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, seed=seed)
-    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx) as engine:
+    from localspec.config import load_user_config
+
+    history = load_user_config().history(no_history_drafts)
+    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=history) as engine:
+        for warning in engine.warnings:
+            click.echo(f"warning: {warning}", err=True)
         if raw:
             events = engine.generate(prompt, max_tokens=max_tokens, sampling=settings)
         else:
@@ -255,7 +284,9 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
                                               "loading models in this process.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="The server's Unix socket for --connect (default: the one `localspec serve` uses).")
-def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
+@click.option("--no-history-drafts", is_flag=True,
+              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_drafts) -> None:
     """Chat in the terminal and watch speculative decoding at work.
 
     ENTRY_ID is a catalog pair or model (a single model drafts with n-gram lookups), or a GGUF path.
@@ -271,7 +302,8 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
         provider = RemoteProvider(socket_path)
     if n_ctx < 64:
         raise click.BadParameter("must be at least 64", param_hint="--ctx")
-    app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers)
+    app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers,
+                     no_history_drafts=no_history_drafts)
     app.run()
 
 
@@ -295,14 +327,17 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path) -> None:
               help="Temperature for requests that set none (0: greedy, reproducible completions). Default: each "
                    "dialect's own (llama.cpp 0.8, OpenAI 1.0, Ollama 0.8).")
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
+@click.option("--no-history-drafts", is_flag=True,
+              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
-          gpu_layers) -> None:
+          gpu_layers, no_history_drafts) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
     refused. ENTRY_ID defaults to the default pair.
     """
     from localspec.catalog import load_catalog
+    from localspec.config import load_user_config
     from localspec.server.run import serve as run_server
 
     if not 0 <= port <= 65535:
@@ -310,7 +345,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     entry = entry_id or load_catalog().default_pair
     sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
-               n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, say=lambda m: click.echo(m, err=True))
+               n_gpu_layers=gpu_layers, slots=slots, temperature=temperature,
+               history=load_user_config().history(no_history_drafts), say=lambda m: click.echo(m, err=True))
 
 
 @cli.command()
@@ -318,7 +354,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--drafter", default="auto", show_default=True,
               help="Drafters to compare with plain decoding: auto, model, ngram, self, or 'all'; comma-separated.")
 @click.option("--suite", "suites", default="code,edit,chat,creative", show_default=True,
-              help="Prompt suites (8 prompts each), comma-separated.")
+              help="Prompt suites (8 prompts each: code, edit, chat, creative), and 'sessions' (related requests "
+                   "in order: follow-up edits, regenerations, quotes, repeated tool output), comma-separated.")
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option("--repeat", type=int, default=1, show_default=True, help="Runs of each variant per prompt.")
 @click.option("--temperature", "temperatures", default="0,0.7", show_default=True,
@@ -360,9 +397,12 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
         raise click.BadParameter("must be numbers, e.g. 0,0.7", param_hint="--temperature") from None
     if max_tokens < 1 or repeat < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-tokens/--repeat")
-    prompts = b.load_suites([s.strip() for s in suites.split(",") if s.strip()])
+    suite_names = [s.strip() for s in suites.split(",") if s.strip()]
+    prompts = b.load_suites(suite_names)
+    sessions = b.load_sessions() if b.SESSIONS in suite_names else []
     if limit:
         prompts = [p for p in prompts if p.index < limit]
+        sessions = [s for s in sessions if s.index < limit]
     entry = entry_id or load_catalog().default_pair
     self_draft = None
     if "self" in drafters:
@@ -375,13 +415,20 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
                 click.echo("(no self-draft for this target: `localspec draft make` builds one; skipping 'self')", err=True)
             else:
                 raise LocalspecError(f"No self-draft for {entry} yet; build one with `localspec draft make {entry}`.")
-    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft)
+    # The drafting history in memory only: a bench neither reads nor feeds the user's own.
+    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft, history="memory")
     click.echo(f"localspec bench: {entry} on {platform.machine()} ({os.cpu_count()} threads); "
-               f"{len(prompts)} prompts, {max_tokens} tokens, T in {temps}, repeat {repeat}, drafters {drafters}", err=True)
+               f"{len(prompts)} prompts, {len(sessions)} sessions, {max_tokens} tokens, T in {temps}, "
+               f"repeat {repeat}, drafters {drafters}", err=True)
     with engine:
-        runs, not_run = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens,
-                                repeat=repeat, peers=peers, peer_prompts=peer_prompts,
-                                progress=lambda m: click.echo(m, err=True))
+        runs, not_run = [], {}
+        if prompts:
+            runs, not_run = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens,
+                                    repeat=repeat, peers=peers, peer_prompts=peer_prompts,
+                                    progress=lambda m: click.echo(m, err=True))
+        if sessions:
+            runs += b.bench_sessions(engine, sessions, drafters=drafters, max_tokens=max_tokens, peers=peers,
+                                     progress=lambda m: click.echo(m, err=True))
         rows = b.summarize(runs, engine.cost.verify, b.draft_costs(engine))
         meta = b.meta(engine, entry, max_tokens=max_tokens, repeat=repeat, temperatures=temps, drafters=drafters,
                       peers_not_run=not_run)

@@ -2,6 +2,7 @@
 
     # ~/.config/localspec/settings.yaml (see `localspec list --paths`)
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
+    history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
     chat:
       temperature: 0.0
       max_tokens: 1024
@@ -97,6 +98,11 @@ class ChatSettings:
 class UserConfig:
     model: str | None = None
     chat: ChatSettings = ChatSettings()
+    history_drafts: bool = True
+
+    def history(self, off: bool = False) -> str:
+        """The engine's `history` option: a command's --no-history-drafts or this setting turns it off."""
+        return "off" if off or not self.history_drafts else "saved"
 
 
 def load_user_config() -> UserConfig:
@@ -118,4 +124,7 @@ def load_user_config() -> UserConfig:
     except LocalspecError as exc:
         raise LocalspecError(f"{path}: {exc}") from None
     model = data.get("model")
-    return UserConfig(model=str(model) if model else None, chat=chat)
+    history = data.get("history_drafts", True)
+    if not isinstance(history, bool):
+        raise LocalspecError(f"{path}: history_drafts must be true or false.")
+    return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history)

@@ -81,6 +81,15 @@ def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
 
+def history_dir() -> Path:
+    """The "history" drafter's indexes of past requests, one per target file (engine/drafters/history.py)."""
+    return cache_dir() / "history"
+
+
+def history_index_file(model_path: Path) -> Path:
+    return history_dir() / f"{Path(model_path).stem}.npz"
+
+
 def ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path

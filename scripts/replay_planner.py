@@ -22,7 +22,7 @@ import sys
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine.adaptive import CostModel, measure_verify_costs
-from localspec.engine.drafters import NgramDrafter, OpeningDrafter
+from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.speculative import Planner
 
 
@@ -52,15 +52,15 @@ def replay(data: dict) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     control = set(data["control"])
-    planner = Planner(mode="ngram", cost=CostModel(dict(costs)), ngram=NgramDrafter(ends_copy=control.__contains__),
-                      openings=OpeningDrafter(), learn_costs=False)
+    copies = CopyDrafter(NgramDrafter(ends_copy=control.__contains__), OpeningDrafter())
+    planner = Planner(mode="ngram", cost=CostModel(dict(costs)), drafters=[copies], learn_costs=False)
     price = CostModel(dict(costs))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
         planner.configure("ngram", None)
-        planner.ngram.reset(prompt_len=len(item["prompt"]))
-        planner.openings.start(item["prompt"])
-        planner.openings.remember(item["answer"])      # the plain run comes first, as in the bench
+        planner.start(item["prompt"])
+        planner.finish(item["prompt"], item["answer"])  # the plain run comes first, as in the bench
+        planner.start(item["prompt"])
         truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
         context, seconds = list(item["prompt"]), 0.0
         while len(context) - len(item["prompt"]) < len(truth):

@@ -55,7 +55,7 @@ class ScriptedEngine:
 
     @property
     def drafters(self) -> tuple[str, ...]:
-        return available_drafters(self.draft, False)
+        return available_drafters(["ngram", "history", *(["model"] if self.draft else [])])
 
     def chat(self, messages, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
              cancel=None):

@@ -120,3 +120,34 @@ def test_a_short_real_bench_run(test_home_with_smollm2, tmp_path):
     assert data["meta"]["peers_not_run"]["llama-speculative-simple"]  # a peer that cannot run says why
     assert "llama-speculative-simple: not run (" in proc.stdout
     assert plot.read_text().startswith("<svg")
+
+
+def test_session_suites_ship_every_kind():
+    sessions = b.load_sessions()
+    assert {s.kind for s in sessions} == set(b.SESSION_KINDS)
+    assert all(len(s.requests) >= 2 for s in sessions)
+    assert b.load_suites(["code", b.SESSIONS]) == b.load_suites(["code"])  # sessions run apart
+
+
+@pytest.mark.model
+def test_a_real_session_bench_drafts_regenerations_from_history_and_nothing_else_does(test_home_with_smollm2, tmp_path):
+    out = tmp_path / "runs.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "bench", "smollm2-135m", "--suite", "chat,sessions", "--prompts", "1",
+         "--max-tokens", "24", "--drafter", "auto", "--temperature", "0", "--no-peers", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env={"LOCALSPEC_HOME": str(test_home_with_smollm2), "PATH": ""})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    # A single-request suite never drafts from history: its variants must not copy each other's answers.
+    chat = [r for r in runs if r["suite"] == "chat"]
+    assert chat and all(r["drafted_by"].get("history", 0) == 0 for r in chat)
+    # Each session's requests ran in order for both variants; the first has nothing to draft from.
+    assert {r["suite"] for r in runs} >= {b.FIRST_REQUEST, *b.SESSION_KINDS}
+    assert all(r["drafted_by"].get("history", 0) == 0 for r in runs if r["suite"] == b.FIRST_REQUEST)
+    regenerated = {r["variant"]: r for r in runs if r["suite"] == "regenerate"}
+    assert regenerated["auto"]["tokens"] == regenerated["plain"]["tokens"]
+    assert regenerated["auto"]["drafted_by"]["history"] > 0 and regenerated["auto"]["accepted"] > 0
+    row = next(r for r in data["rows"] if r["suite"] == "regenerate" and r["variant"] == "auto")
+    assert row["history_share"] > 0
+    assert "| regenerate | 0 | auto |" in proc.stdout and "from history" in proc.stdout

@@ -8,6 +8,16 @@ import sys
 import pytest
 
 
+@pytest.fixture
+def smollm2_home(tmp_path, test_home_with_smollm2):
+    """A fresh LOCALSPEC_HOME sharing the pulled models (data) of the test cache: caches, calibration
+    and the drafting history start empty and stay with the test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "data").symlink_to(test_home_with_smollm2 / "data", target_is_directory=True)
+    return home
+
+
 def _run(args, home, stdin=None):
     env = {**os.environ, "LOCALSPEC_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True, text=True,
@@ -15,17 +25,17 @@ def _run(args, home, stdin=None):
 
 
 @pytest.mark.model
-def test_run_streams_the_answer_and_summarizes_on_stderr(test_home_with_smollm2):
-    result = _run(["run", "smollm2-135m", "Write a haiku about caches.", "--max-tokens", "16"], test_home_with_smollm2)
+def test_run_streams_the_answer_and_summarizes_on_stderr(smollm2_home):
+    result = _run(["run", "smollm2-135m", "Write a haiku about caches.", "--max-tokens", "16"], smollm2_home)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "tok/s" in result.stderr and "plain" in result.stderr and "acceptance" in result.stderr
 
 
 @pytest.mark.model
-def test_run_json_prints_rounds_and_a_summary_and_reads_stdin(test_home_with_smollm2):
+def test_run_json_prints_rounds_and_a_summary_and_reads_stdin(smollm2_home):
     result = _run(["run", "smollm2-135m", "-", "--json", "--max-tokens", "12", "--drafter", "ngram"],
-                  test_home_with_smollm2, stdin="Repeat after me: alpha beta gamma alpha beta gamma")
+                  smollm2_home, stdin="Repeat after me: alpha beta gamma alpha beta gamma")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert lines[0]["type"] == "prefill"
@@ -33,6 +43,38 @@ def test_run_json_prints_rounds_and_a_summary_and_reads_stdin(test_home_with_smo
     summary = lines[-1]
     assert summary["type"] == "summary" and summary["generated_tokens"] == 12
     assert summary["text"] == "".join(line["text"] for line in lines if line["type"] == "round")
+
+
+@pytest.mark.model
+def test_a_second_run_drafts_from_the_first_and_the_history_can_be_turned_off(smollm2_home):
+    """The history persists across processes (under the cache folder), is reported by doctor, and a
+    damaged file is a warning, not a failure."""
+    prompt = ["run", "smollm2-135m", "List the planets of the solar system, one per line.", "--json",
+              "--max-tokens", "48"]
+    summaries = []
+    for _ in range(2):
+        result = _run(prompt, smollm2_home)
+        assert result.returncode == 0, result.stderr
+        summaries.append(json.loads(result.stdout.splitlines()[-1]))
+    assert summaries[0]["text"] == summaries[1]["text"]
+    assert summaries[0]["drafted_by_drafter"].get("history", 0) == 0
+    assert summaries[1]["accepted_by_drafter"]["history"] > 0
+    stored = list((smollm2_home / "cache" / "history").glob("*.npz"))
+    assert len(stored) == 1
+    doctor = _run(["doctor"], smollm2_home)
+    assert "drafting history" in doctor.stdout and stored[0].name in doctor.stdout
+
+    stored[0].write_bytes(b"damaged")
+    result = _run(prompt, smollm2_home)
+    assert result.returncode == 0 and "Ignored the drafting history" in result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["drafted_by_drafter"].get("history", 0) == 0
+
+    stored[0].unlink()
+    result = _run([*prompt, "--no-history-drafts"], smollm2_home)
+    assert result.returncode == 0, result.stderr
+    assert not stored[0].exists()
+    result = _run([*prompt, "--drafter", "history", "--no-history-drafts"], smollm2_home)
+    assert result.returncode != 0 and "turned off" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_user_mistakes_get_a_message_not_a_traceback(tmp_path):

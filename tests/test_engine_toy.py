@@ -126,7 +126,7 @@ def test_sampling_reproduces_the_target_distribution():
     engine = Engine(ToyModel(**toy), ToyModel(**toy, noise_seed=9, noise=3.0),
                     EngineOptions(drafter="model", draft_len=3, learn_costs=False),
                     cost=CostModel(dict(COST)), draft_cost_s=0.0)
-    engine.model_drafter.p_min = 0.0
+    engine.drafter("model").p_min = 0.0
     trials = 10_000
     counts = Counter()
     accepted = rejected = 0
@@ -167,16 +167,17 @@ def test_adaptive_length_drafts_nothing_when_drafting_cannot_pay():
 def test_a_draft_model_judged_bad_is_still_probed_now_and_then():
     # Cheap verification and a perfect, cheap draft model whose record says it is always wrong.
     engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
-    engine.model_drafter.p_min = 0.0
+    engine.drafter("model").p_min = 0.0
     planner = engine.planner_for("model", None)
-    planner.model_acceptance.tried = [4000.0] * 8
-    planner.model_acceptance.kept = [0.0] * 8
-    judged = planner.model_acceptance.rates(1)[0]
+    acceptance = engine.drafter("model").acceptance
+    acceptance.tried = [4000.0] * 8
+    acceptance.kept = [0.0] * 8
+    judged = acceptance.rates(1)[0]
     rounds = [e for e in engine.generate([0, 5, 9, 11], max_tokens=200) if isinstance(e, Round)]
     probes = [i for i, r in enumerate(rounds) if r.drafter == "model"]
     assert probes[0] >= planner.probe_every - 1 and all(len(rounds[i].accepted) == 1 for i in probes)
     assert probes[2] - probes[1] > probes[1] - probes[0]       # each probe doubles the wait for the next
-    assert planner.model_acceptance.rates(1)[0] > judged        # and what they found counts
+    assert acceptance.rates(1)[0] > judged        # and what they found counts
 
 
 def test_a_draft_model_that_cannot_pay_costs_nothing():
@@ -201,21 +202,19 @@ def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
     planner = engine.planner_for("model", None, budget=1)
     context = list(range(4, 44)) * 10  # 400 tokens the draft model has not seen
     rate = 3.0 / engine.cost.verify(1)
-    assert engine.model_drafter.behind(context) == len(context)
-    assert not planner.catch_up_pays(engine.model_drafter, context, rate, 0.05)
+    assert engine.drafter("model").behind(context) == len(context)
+    assert not engine.drafter("model").catch_up_pays(context, rate, planner.plan)
     planner.budget = 10_000
-    assert planner.catch_up_pays(engine.model_drafter, context, rate, 0.05)
+    assert engine.drafter("model").catch_up_pays(context, rate, planner.plan)
 
 
 def test_the_longest_drafts_are_lengths_the_planner_can_choose():
     """Lengths are chosen where the verify batch (k + 1 positions) was calibrated: the limits must be such lengths."""
     from localspec.engine.adaptive import CALIBRATION_SIZES
-    from localspec.engine.speculative import Planner
+    from localspec.engine.drafters import CopyDrafter, HistoryDrafter, ModelDrafter
 
-    options = EngineOptions()
-    assert options.max_draft_len + 1 in CALIBRATION_SIZES and options.max_copy_len + 1 in CALIBRATION_SIZES
-    planner = Planner(mode="auto", cost=CostModel(dict(COST)))
-    assert planner.max_len + 1 in CALIBRATION_SIZES and planner.copy_max_len + 1 in CALIBRATION_SIZES
+    for drafter in (CopyDrafter, HistoryDrafter, ModelDrafter):
+        assert drafter.max_len + 1 in CALIBRATION_SIZES
 
 
 def test_each_request_prices_copies_from_the_priors_again():
@@ -223,13 +222,14 @@ def test_each_request_prices_copies_from_the_priors_again():
     the next: the n-gram tables start from their priors, so a bad request cannot lock the lookup out."""
     engine = _engine(draft=False, drafter="ngram")
     list(engine.generate([0, 20, 21, 22, 23, 20, 21, 22], max_tokens=80))
-    planner = engine.planner_for("ngram", None)
-    assert all(sum(copies.tried) == 0 for copies in planner.copy_acceptance.values())
+    assert any(sum(copies.tried) > 0 for copies in engine.drafter("ngram").acceptance.values())
+    engine.planner_for("ngram", None).start([0, 1])
+    assert all(sum(copies.tried) == 0 for copies in engine.drafter("ngram").acceptance.values())
 
 
 def test_adaptive_length_drafts_long_when_the_draft_is_right_and_cheap():
     engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
-    engine.model_drafter.p_min = 0.0
+    engine.drafter("model").p_min = 0.0
     events = list(engine.generate([0, 5, 9, 11], max_tokens=60))
     s = events[-1]
     assert s.acceptance_rate == 1.0
@@ -413,16 +413,16 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
 
 
 def test_a_young_copy_is_drafted_short_an_old_one_long():
-    from localspec.engine.drafters import NgramDrafter
+    from localspec.engine.drafters import CopyDrafter
     from localspec.engine.speculative import Planner
 
     cost = CostModel({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8})  # long batches nearly free
     source = list(range(100, 140))
-    planner = Planner(mode="ngram", cost=cost, ngram=NgramDrafter(), learn_costs=False)
-    planner.ngram.reset(prompt_len=len(source))
+    planner = Planner(mode="ngram", cost=cost, drafters=[CopyDrafter()], learn_costs=False)
+    planner.start(source)
     young = planner.draft(source + [100, 101, 102], room=100, sampler=None)
     assert young.age == 3 and 1 <= len(young.tokens) <= 6     # at most twice its age
-    planner.ngram.reset(prompt_len=len(source))
+    planner.start(source)
     old = planner.draft(source + list(range(100, 112)), room=100, sampler=None)
     assert old.age == 12 and len(old.tokens) == 15
 

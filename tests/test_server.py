@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    engine = load(str(smollm2_path), n_ctx=512, calibrate=False)
+    engine = load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory")  # (module scope: no LOCALSPEC_HOME yet)
     folder = Path(tempfile.mkdtemp(prefix="ls"))  # short: Unix socket paths are limited to ~100 bytes
     running = start_in_thread(served_for(engine, str(smollm2_path)), socket_path=folder / "s.sock")
     yield running
@@ -31,7 +31,7 @@ def server(smollm2_path):
 
 @pytest.fixture(scope="module")
 def fim_server(qwen_coder_path):
-    engine = load(str(qwen_coder_path), n_ctx=1024, calibrate=False)
+    engine = load(str(qwen_coder_path), n_ctx=1024, calibrate=False, history="memory")
     running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct"))
     yield running
     running.stop()

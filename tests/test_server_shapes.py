@@ -143,7 +143,7 @@ def test_native_stream_carries_every_event_and_the_drafters():
         lines = ndjson(client.post("/localspec/v1/generate", json={"prompt": "hi"}).text)
         assert [line["type"] for line in lines] == ["prefill"] + ["round"] * len(STEPS) + ["summary"]
         info = client.get("/localspec/v1/info").json()
-        assert info["drafters"] == ["auto", "ngram", "none"] and info["has_draft"] is False
+        assert info["drafters"] == ["auto", "ngram", "history", "none"] and info["has_draft"] is False
         client.app.state.served.scheduler.close()
 
 

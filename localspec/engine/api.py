@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from localspec.engine import adaptive
-from localspec.engine.adaptive import CostModel, DrafterCost
+from localspec.engine.adaptive import CostModel
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
-from localspec.engine.drafters import ModelDrafter, NgramDrafter, OpeningDrafter
+from localspec.engine.drafters import Drafter, Sources, build
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
 from localspec.engine.speculative import Planner, speculate
+from localspec import paths
 from localspec.errors import ContextOverflowError, LocalspecError
 
 
@@ -31,20 +32,18 @@ from localspec.errors import ContextOverflowError, LocalspecError
 class EngineOptions:
     drafter: str = "auto"            # one of contract.DRAFTER_SETTINGS
     draft_len: int | None = None     # None: adaptive; N: always draft N
-    # Longest draft from a draft model or self-draft. Lengths are chosen where the verify batch (k + 1
-    # positions) was calibrated (adaptive.CALIBRATION_SIZES), so 7: a batch of 8.
-    max_draft_len: int = 7
-    max_copy_len: int = 15           # longest n-gram copy
     draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
     calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
     learn_costs: bool = True         # refine those costs with the timings of real rounds
+    history_drafts: bool = True      # draft from earlier requests' text (the "history" drafter)
 
 
 class Engine:
     """A target model, an optional draft model, and the loop between them. One generation at a time."""
 
     def __init__(self, target, draft=None, options: EngineOptions | None = None, *, cost: CostModel | None = None,
-                 draft_cost_s: float | None = None, template: ChatTemplate | None = None, self_draft=None):
+                 draft_cost_s: float | None = None, template: ChatTemplate | None = None, self_draft=None,
+                 history_file: Path | None = None):
         self.target = target
         self.draft = draft
         self.self_draft = self_draft
@@ -55,14 +54,12 @@ class Engine:
         self.slots = [KvSequence(target, seq=i) for i in range(getattr(target, "n_seq", 1))]
         self.kv = self.slots[0]
         self._requests = 0
-        self.ngram = NgramDrafter(ends_copy=getattr(target.vocab, "is_control", None))
-        self.openings = OpeningDrafter()
-        self.model_drafter = ModelDrafter(draft, p_min=self.options.draft_p_min) if draft is not None else None
         self.cost = cost or self._calibrated_cost()
-        self.draft_cost = DrafterCost(per_token_s=draft_cost_s if draft_cost_s is not None else self._draft_cost())
-        self.self_drafter = (ModelDrafter(self_draft, p_min=self.options.draft_p_min, name="self")
-                             if self_draft is not None else None)
-        self.self_cost = DrafterCost(per_token_s=self._draft_cost(self_draft) if self_draft is not None else 0.0)
+        opts = self.options
+        self._drafters: list[Drafter] = build(Sources(
+            target=target, draft=draft, self_draft=self_draft, p_min=opts.draft_p_min, calibrate=opts.calibrate,
+            learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
+            history_file=history_file))
         self._template = template
         self._planner: Planner | None = None
         self._lock = threading.Lock()
@@ -71,13 +68,6 @@ class Engine:
 
     def _calibrated_cost(self) -> CostModel:
         return CostModel(verify_s=adaptive.calibrated_costs(self.target, self.options.calibrate))
-
-    def _draft_cost(self, model=None) -> float:
-        model = model if model is not None else self.draft
-        if model is None:
-            return 0.0
-        costs = adaptive.calibrated_costs(model, self.options.calibrate, sizes=(1,))
-        return costs[1]
 
     @property
     def template(self) -> ChatTemplate:
@@ -91,7 +81,20 @@ class Engine:
 
     @property
     def drafters(self) -> tuple[str, ...]:
-        return available_drafters(self.model_drafter is not None, self.self_drafter is not None)
+        return available_drafters(d.name for d in self._drafters)
+
+    def drafter(self, name: str) -> Drafter | None:
+        """The registered drafter of that name, if this engine has it."""
+        return next((d for d in self._drafters if d.name == name), None)
+
+    def drafter_reports(self) -> dict[str, dict[str, object]]:
+        """What each drafter reports about itself (sizes, costs, warnings), for doctor and /props."""
+        return {d.name: d.report() for d in self._drafters}
+
+    @property
+    def warnings(self) -> list[str]:
+        """Problems met at load that the user should hear about (a stored history ignored, say)."""
+        return [str(w) for d in self._drafters if (w := d.report().get("warning"))]
 
     @property
     def baseline_tokens_per_s(self) -> float:
@@ -158,46 +161,34 @@ class Engine:
             self._lock.release()
 
     def planner_for(self, mode: str, fixed: int | None, budget: int | None = None) -> Planner:
-        """One planner for the engine's lifetime: what it learned about the model drafters' acceptance
-        and its probing back-off carry over from one request to the next (copies restart from their
-        priors each request, see `Planner.configure`)."""
+        """One planner for the engine's lifetime: what the drafters learned and its probing back-off
+        carry over from one request to the next (each drafter decides what restarts per request)."""
         if self._planner is None:
-            self._planner = Planner(
-                mode=mode,
-                cost=self.cost,
-                model=self.model_drafter,
-                ngram=self.ngram,
-                openings=self.openings,
-                fixed_len=fixed,
-                max_len=self.options.max_draft_len,
-                copy_max_len=self.options.max_copy_len,
-                model_cost=self.draft_cost,
-                learn_costs=self.options.learn_costs,
-                self_model=self.self_drafter,
-                self_cost=self.self_cost,
-            )
+            self._planner = Planner(mode=mode, cost=self.cost, drafters=self._drafters, fixed_len=fixed,
+                                    learn_costs=self.options.learn_costs)
         self._planner.configure(mode, fixed, budget)
         return self._planner
 
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         planner = self.planner_for(mode, fixed, max_tokens)
-        self.ngram.reset(prompt_len=len(prompt))
-        self.openings.start(prompt)
+        planner.start(prompt)
+        context = list(prompt)
+        try:
+            yield from self._rounds(prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel)
+        finally:
+            planner.finish(prompt, context[len(prompt):])  # also when cancelled: what was written is evidence
+
+    def _rounds(self, prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         t0 = time.perf_counter()
         prefill = self._prefill(prompt, planner, t0)
         yield prefill
 
         sampler, stream, tally = Sampler(sampling), TextStream(stop), Tally()
-        context = list(prompt)
-        emitted: list[int] = []
         first_token_s = 0.0
         stop_reason = "cancelled"
         t_start = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
             kept, ended = self._within_budget(step, max_tokens - tally.generated)
-            if len(emitted) < self.openings.length:
-                emitted.extend(kept)
-                self.openings.remember(emitted)  # (in every mode: a plain answer shows how answers open too)
             event = self._round(step, kept, ended, stream, tally.rounds)
             ended = ended or ("stop" if stream.stopped else None)
             tally.add(event)
@@ -297,11 +288,12 @@ class Engine:
         """Forget the cached prompt (the next generation evaluates its whole prompt)."""
         for slot in self.slots:
             slot.reset()
-        for drafter in (self.model_drafter, self.self_drafter):
-            if drafter is not None:
-                drafter.reset()
+        for drafter in self._drafters:
+            drafter.reset()
 
     def close(self) -> None:
+        for drafter in self._drafters:
+            drafter.close()
         for model in (self.self_draft, self.draft, self.target):
             if model is not None and hasattr(model, "close"):
                 model.close()
@@ -329,13 +321,18 @@ def load_files(
     draft_gpu_layers: int | None = None,
     calibrate: bool = True,
     slots: int = 1,
+    history: str = "saved",
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
-    `slots`: KV sequences of the target that requests are routed to (n_ctx is shared out among them)."""
+    `slots`: KV sequences of the target that requests are routed to (n_ctx is shared out among them).
+    `history`: the "history" drafter's index of earlier requests: "saved" (per target file under the
+    cache folder, kept across runs), "memory" (this engine's life only) or "off"."""
     from localspec.engine.backend import Model, ModelOptions
 
-    if drafter in ("none", "ngram", "self"):
+    if history not in ("saved", "memory", "off"):
+        raise ValueError(f"history must be saved, memory or off (got {history!r})")
+    if drafter in ("none", "ngram", "self", "history"):
         draft_path = None  # do not spend memory on a draft that will not be used
     target_path = Path(target_path)
     if draft_path is not None:
@@ -354,8 +351,10 @@ def load_files(
         if self_draft_path is not None:
             self_model = Model(Path(self_draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
                                                                    n_gpu_layers=draft_gpu_layers))
-        options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate)
-        return Engine(target, draft_model, options, self_draft=self_model)
+        options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
+                                history_drafts=history != "off")
+        return Engine(target, draft_model, options, self_draft=self_model,
+                      history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:
         for model in (target, draft_model, self_model):
             if model is not None:

@@ -9,35 +9,31 @@ and the model files, take the local `Engine` itself. Checked by mypy (tests/test
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
+from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event
 
 if TYPE_CHECKING:
     from localspec.engine.sampling import SamplingSettings
 
-# Every drafter setting, in the order front doors list them. "auto" lets the planner choose per round
-# among what the engine has; "model" and "self" need a loaded draft model or self-draft.
-DRAFTER_SETTINGS: tuple[str, ...] = ("auto", "model", "self", "ngram", "none")
-MODEL_DRAFTERS: tuple[str, ...] = ("model", "self")
-DRAFTER_HELP = {
-    "auto": "the planner picks per round among what the engine has",
-    "model": "the draft model",
-    "self": "a self-draft built from the target's own layers",
-    "ngram": "copies from the prompt and the answer so far",
-    "none": "plain decoding",
-}
+# Every drafter setting, in the order front doors list them: "auto" lets the planner choose per round
+# among what the engine has, then each registered drafter, then plain decoding.
+DRAFTER_SETTINGS: tuple[str, ...] = ("auto", *(r.name for r in REGISTRY), "none")
+DRAFTER_HELP = {"auto": "the planner picks per round among what the engine has",
+                **{r.name: r.help for r in REGISTRY}, "none": "plain decoding"}
 
 
-def available_drafters(has_draft_model: bool, has_self_draft: bool) -> tuple[str, ...]:
-    return tuple(d for d in DRAFTER_SETTINGS
-                 if (d != "model" or has_draft_model) and (d != "self" or has_self_draft))
+def available_drafters(built: Iterable[str]) -> tuple[str, ...]:
+    """The settings an engine with these registered drafters accepts."""
+    have = set(built)
+    return tuple(d for d in DRAFTER_SETTINGS if d in ("auto", "none") or d in have)
 
 
 def describe_drafters(drafters: Sequence[str]) -> str:
-    """What an engine drafts with, for headers and status lines: 'draft model + n-gram'."""
-    parts = [name for d, name in (("model", "draft model"), ("self", "self-draft")) if d in drafters]
-    return " + ".join([*parts, "n-gram"]) if parts else "n-gram lookup"
+    """What an engine drafts with, for headers and status lines: 'draft model + n-gram + history'."""
+    parts = [r.label for r in REGISTRY if r.name in drafters]
+    return " + ".join(parts) if parts else "plain decoding"
 
 
 def unavailable_drafter(drafter: str, available: Sequence[str]) -> str | None:
@@ -46,10 +42,8 @@ def unavailable_drafter(drafter: str, available: Sequence[str]) -> str | None:
         return None
     if drafter not in DRAFTER_SETTINGS:
         return f"Unknown drafter '{drafter}'; choose one of {', '.join(DRAFTER_SETTINGS)}."
-    if drafter == "model":
-        return "The drafter 'model' needs a draft model; this engine has none (choose auto, ngram or none)."
-    return ("The drafter 'self' needs a self-draft; build one with `localspec draft make TARGET` "
-            "(or choose auto, ngram or none).")
+    needs = next(r.needs for r in REGISTRY if r.name == drafter)
+    return f"The drafter '{drafter}' {needs} (choose one of {', '.join(available)})."
 
 
 class ChatEngine(Protocol):

@@ -28,7 +28,7 @@ class Round:
     """One draft -> verify -> accept/reject step."""
 
     index: int
-    drafter: str                      # "model", "ngram" or "none" (plain decoding)
+    drafter: str                      # the registered drafter that drafted ("model", "ngram", "history", …) or "none"
     accepted: tuple[int, ...]         # draft tokens the target kept
     rejected: tuple[int, ...]         # draft tokens the target threw away
     token: int | None                 # the target's own token (None when the answer ended inside the draft)
@@ -75,11 +75,13 @@ class Summary:
     verify_s: float
     baseline_tokens_per_s: float      # plain decoding on the same target, measured
     speedup: float
-    drafter: str                      # the drafter setting ("auto", "model", "ngram", "none")
+    drafter: str                      # the drafter setting ("auto", a registered drafter, or "none")
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
     first_token_s: float = 0.0        # from the request to the first answer token: prompt + first round
     kept_by_position: tuple[int, ...] = ()  # draft tokens kept at each draft position (of drafted_by_position)
     kv_tokens: int = 0                # tokens in the target's KV cache after the answer (what a next request can reuse)
+    drafted_by_drafter: dict[str, int] = field(default_factory=dict)   # draft tokens each drafter proposed
+    accepted_by_drafter: dict[str, int] = field(default_factory=dict)  # and how many of them the target kept
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
@@ -130,6 +132,8 @@ class Tally:
         self.tried_at: list[int] = []
         self.kept_at: list[int] = []
         self.by_drafter: dict[str, int] = {}
+        self.drafted_by: dict[str, int] = {}
+        self.accepted_by: dict[str, int] = {}
 
     def add(self, r: Round) -> None:
         self.rounds += 1
@@ -141,6 +145,8 @@ class Tally:
         self.by_drafter[r.drafter] = self.by_drafter.get(r.drafter, 0) + 1
         if r.drafted:
             self.drafting_rounds += 1
+            self.drafted_by[r.drafter] = self.drafted_by.get(r.drafter, 0) + r.drafted
+            self.accepted_by[r.drafter] = self.accepted_by.get(r.drafter, 0) + len(r.accepted)
         while len(self.tried_at) < r.drafted:
             self.tried_at.append(0)
             self.kept_at.append(0)
@@ -176,4 +182,6 @@ class Tally:
             first_token_s=first_token_s,
             kept_by_position=tuple(self.kept_at),
             kv_tokens=kv_tokens,
+            drafted_by_drafter=dict(self.drafted_by),
+            accepted_by_drafter=dict(self.accepted_by),
         )

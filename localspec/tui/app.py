@@ -136,6 +136,8 @@ class ChatApp(App):
             self.stats.baseline = message.engine.baseline_tokens_per_s
             self.stats.refresh_numbers()
         self.notify(f"{message.entry_id} is ready.", timeout=3)
+        for warning in getattr(message.engine, "warnings", []):
+            self.notify(warning, severity="warning", timeout=10)
 
     @on(EngineFailed)
     def _engine_failed(self, message: EngineFailed) -> None:
@@ -193,12 +195,13 @@ class ChatApp(App):
 
 def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider=None,
                history: History | None = None, config: UserConfig | None = None, n_ctx: int = 4096,
-               n_gpu_layers: int | None = None) -> ChatApp:
+               n_gpu_layers: int | None = None, no_history_drafts: bool = False) -> ChatApp:
     """The chat app, wired to local models unless a provider is given (tests script one)."""
+    config = config or load_user_config()
     return ChatApp(
-        provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers),
+        provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts)),
         entry_id=entry_id,
         drafter=drafter,
         history=history,
-        config=config or load_user_config(),
+        config=config,
     )

@@ -37,9 +37,10 @@ class Provider(Protocol):
 class LocalProvider:
     """Models from the catalog, pulled into LOCALSPEC_HOME, loaded in this process."""
 
-    def __init__(self, n_ctx: int = 4096, n_gpu_layers: int | None = None):
+    def __init__(self, n_ctx: int = 4096, n_gpu_layers: int | None = None, history: str = "saved"):
         self.n_ctx = n_ctx
         self.n_gpu_layers = n_gpu_layers
+        self.history = history  # the "history" drafter: saved, memory or off (engine.api.load_files)
         self._lock = threading.Lock()
         self._resolved: dict[str, ModelSpec | PairSpec] = {}
 
@@ -94,4 +95,4 @@ class LocalProvider:
         from localspec.selfdraft import find_self_draft
 
         return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers,
-                    self_draft=find_self_draft(entry_id))
+                    self_draft=find_self_draft(entry_id), history=self.history)

@@ -55,7 +55,7 @@ class RemoteEngine:
     def drafters(self) -> tuple[str, ...]:
         if "drafters" in self.info:
             return tuple(self.info["drafters"])
-        return available_drafters(bool(self.info.get("has_draft")), False)  # a server from before 'drafters'
+        return available_drafters(["ngram", *(["model"] if self.info.get("has_draft") else [])])  # a server from before "drafters"
 
     @property
     def baseline_tokens_per_s(self) -> float:

@@ -1,50 +1,15 @@
-"""Drafters: cheap guesses at the target's next tokens.
-
-A drafter proposes up to `max_len` tokens after `context` (every token so far: system prompt,
-earlier turns, the answer so far). A drafter with a distribution returns it (`q`, one row per
-token) so that sampling can be verified exactly; a lookup drafter returns none (q is one-hot).
-"""
+"""Lookups in the request itself: copies of the prompt and the answer so far, and how this
+session's other answers opened. Priced and registered as the "ngram" drafter in `copies.py`."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.engine.kv import KvSequence, common_prefix
-from localspec.engine.sampling import Sampler, softmax
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    q: np.ndarray | None = None   # (len(tokens), n_vocab) when sampling with a model drafter
-    source: str = "none"          # "model", "ngram" or "none"
-    evidence: int = 0             # n-gram match length behind the proposal
-    continuing: bool = False      # n-gram: the match carries on the previous round's copy
-    age: int = 0                  # n-gram: tokens before the proposal that agree with its source
-    from_prompt: bool = False     # n-gram: copied from the prompt (the text being edited), not the answer
-    opening: bool = False         # n-gram: how this session's other answers began, not a copy of this context
-    seconds: float = 0.0
-    per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
-
-    @staticmethod
-    def empty() -> "Draft":
-        return Draft(tokens=[])
-
-
-class Drafter(Protocol):
-    name: str
-
-    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft: ...
-
-    def reset(self) -> None: ...
-
-
-# ----------------------------------------------------------------------------- n-gram lookup
+from localspec.engine.drafters.base import Draft
 
 
 class NgramDrafter:
@@ -177,7 +142,7 @@ class NgramDrafter:
                 return False
         return True
 
-    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
+    def propose(self, context: Sequence[int], max_len: int, sampler: object = None) -> Draft:
         t0 = time.perf_counter()
         tokens, evidence = self.lookup(context, max_len)
         return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
@@ -265,89 +230,3 @@ class OpeningDrafter:
             others = [o for o in others if len(o) > at and o[at] == token]
             at += 1
         return (Draft(tokens=tokens, source="ngram", opening=True), rates) if tokens else (Draft.empty(), [])
-
-
-# ----------------------------------------------------------------------------- draft model
-
-
-class ModelDrafter:
-    """A smaller GGUF with the same vocabulary, drafting token by token in its own KV cache.
-
-    The last drafted token is never decoded here: if the target keeps it, it is evaluated with the
-    next round's catch-up, so no position is ever run twice.
-    """
-
-    def __init__(self, model, p_min: float = 0.5, name: str = "model"):
-        self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
-        self.kv = KvSequence(model)
-        self.p_min = p_min  # stop drafting when the draft's top probability falls below this
-        self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
-
-    @property
-    def n_ctx(self) -> int:
-        return self.kv.n_ctx
-
-    def reset(self) -> None:
-        self.kv.reset()
-        self._ready = None
-
-    def prepare(self, context: Sequence[int]) -> None:
-        """Bring a new prompt into the draft's cache now (counted as prompt time, not draft time)."""
-        self._ready = None
-        if 0 < len(context) <= self.kv.n_ctx:
-            self._ready = (len(context), self.kv.sync(context))
-
-    def behind(self, context: Sequence[int]) -> int:
-        """Tokens of `context` this drafter's cache would have to evaluate before it can draft (for
-        pricing; `propose` does the real sync). Asked every round the drafter could win: when the cache
-        ends the way the context did at that length (the usual case), no scan of the whole context."""
-        held = self.kv.tokens
-        n = len(held)
-        if n <= len(context) and held[-8:] == list(context[max(n - 8, 0):n]):
-            return len(context) - n
-        return len(context) - common_prefix(held, context)
-
-    def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Logits after the context's last token, and how many tokens had to be evaluated."""
-        ready, self._ready = self._ready, None
-        if ready is not None and ready[0] == len(context) and self.kv.tokens == list(context):
-            return ready[1], 0
-        before = self.kv.evaluated
-        logits = self.kv.sync(context)
-        return logits, self.kv.evaluated - before
-
-    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
-        if max_len <= 0 or len(context) + max_len > self.kv.n_ctx:
-            return Draft.empty()  # a draft context smaller than the target's just stops drafting
-        t0 = time.perf_counter()
-        logits, caught_up = self._logits_after(context)
-        history = list(context)
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        while True:
-            if sampler.greedy:
-                adjusted = sampler.adjusted(logits, history)
-                token = int(np.argmax(adjusted))
-                confidence = float(softmax(adjusted)[token]) if self.p_min > 0 else 1.0
-            else:
-                q = sampler.probs(logits, history)
-                token = sampler.draw(q)
-                confidence = float(q.max())
-                rows.append(q)
-            if tokens and confidence < self.p_min:
-                break  # not even this one: the draft stops where the model stops being sure
-            tokens.append(token)
-            history.append(token)
-            if len(tokens) >= max_len or confidence < self.p_min:
-                break
-            logits = self.kv.extend([token], [0])[0]
-        seconds = time.perf_counter() - t0
-        decodes = len(tokens) - 1 + (1 if caught_up else 0)
-        return Draft(
-            tokens=tokens,
-            q=np.stack(rows[:len(tokens)]) if rows else None,
-            source=self.name,
-            seconds=seconds,
-            # A long catch-up (a new prompt) says nothing about the steady cost per token.
-            per_token_s=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
-        )

@@ -1,0 +1,35 @@
+"""Drafters: cheap guesses at the target's next tokens, each one object behind `base.Drafter`.
+
+Every drafter setting front doors offer (CLI choices, config, TUI, server, bench) comes from
+`REGISTRY`. Adding a drafter is one module implementing `Drafter` (at least `offer`; a lookup returns
+its proposal with the offer) plus one line here; the planner prices every registered drafter the
+setting allows each round and drafts with the best (engine/speculative.py).
+"""
+
+from __future__ import annotations
+
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources
+from localspec.engine.drafters.copies import CopyDrafter
+from localspec.engine.drafters.history import HistoryDrafter
+from localspec.engine.drafters.model import ModelDrafter
+from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
+
+REGISTRY: tuple[Registration, ...] = (
+    Registration("model", "the draft model", "draft model", lambda s: ModelDrafter.build(s, "model"),
+                 needs="needs a draft model; this engine has none"),
+    Registration("self", "a self-draft built from the target's own layers", "self-draft",
+                 lambda s: ModelDrafter.build(s, "self"),
+                 needs="needs a self-draft; build one with `localspec draft make TARGET`"),
+    Registration("ngram", "copies from the prompt and the answer so far", "n-gram", CopyDrafter.build),
+    Registration("history", "continuations of earlier requests' prompts and answers", "history",
+                 HistoryDrafter.build, needs="is turned off (--no-history-drafts or the history_drafts setting)"),
+)
+
+
+def build(sources: Sources) -> list[Drafter]:
+    """The registered drafters this engine can have, in registry order."""
+    return [d for r in REGISTRY if (d := r.build(sources)) is not None]
+
+
+__all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "build",
+           "CopyDrafter", "HistoryDrafter", "ModelDrafter", "NgramDrafter", "OpeningDrafter"]

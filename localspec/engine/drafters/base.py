@@ -1,0 +1,124 @@
+"""The one interface every drafter implements, and what it is priced with.
+
+Each round the planner asks every drafter the setting allows for an `Offer`: a draft length and the
+tokens per second it expects from it, priced by the drafter from its own statistics and cost against
+the target's verify costs (`Plan`). The best offer wins; length 0 everywhere is plain decoding. A
+lookup drafter has its proposal ready with the offer (finding it is nearly free); a model drafter
+drafts only when chosen. After the round, the drafter that drafted observes what the target kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from localspec.engine.adaptive import CostModel
+    from localspec.engine.sampling import Sampler
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: np.ndarray | None = None   # (len(tokens), n_vocab) when sampling with a model drafter
+    source: str = "none"          # the registered name of the drafter that made it, or "none"
+    evidence: int = 0             # lookups: length of the match behind the proposal
+    continuing: bool = False      # n-gram: the match carries on the previous round's copy
+    age: int = 0                  # lookups: tokens before the proposal that agree with its source
+    from_prompt: bool = False     # n-gram: copied from the prompt (the text being edited), not the answer
+    opening: bool = False         # n-gram: how this session's other answers began, not a copy of this context
+    seconds: float = 0.0
+    per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(tokens=[])
+
+
+@dataclass
+class Plan:
+    """What offers are priced with: the target's verify costs, the answer tokens the request may still
+    produce (a model drafter's catch-up must pay for itself over them), and a forced draft length."""
+
+    cost: CostModel
+    budget: int = 512
+    fixed_len: int | None = None
+
+
+@dataclass
+class Offer:
+    length: int                 # tokens to draft; 0: this drafter would not draft this round
+    rate: float                 # expected tokens per second of the round, drafting included
+    draft: Draft | None = None  # a lookup's proposal, made already; None: `Drafter.draft` makes it
+
+
+class Drafter:
+    """Base of every drafter: `name` is its drafter setting and the label on its rounds.
+
+    A drafter must implement `offer` and may use the other hooks; the defaults do nothing."""
+
+    name = "drafter"
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """A new request with this prompt: reset what is per request."""
+
+    def prefill(self, context: Sequence[int], plan: Plan) -> None:
+        """Prompt time: get ready if this request is expected to draft with it."""
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        """What drafting after `context` (at most `room` tokens) would bring, or None (nothing to offer)."""
+        raise NotImplementedError
+
+    def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
+        """A one-token probe, asked for after rounds in which nothing was worth drafting (model
+        drafters, whose acceptance can change with the text; lookups find their own evidence)."""
+        return None
+
+    def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
+        """Draft `length` tokens, for an offer made without its proposal."""
+        raise NotImplementedError
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        """The target kept `accepted` tokens of this drafter's draft, then produced `token`."""
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """The request ended with this answer (also in plain decoding: answers are evidence too)."""
+
+    def reset(self) -> None:
+        """Forget cached state tied to the target's KV cache (the engine's cache was cleared)."""
+
+    def close(self) -> None:
+        """The engine is closing: persist what should outlive it."""
+
+    def report(self) -> dict[str, object]:
+        """Figures for `localspec doctor` and the server's /props (sizes, counts)."""
+        return {}
+
+
+@dataclass
+class Sources:
+    """What the registered drafters are built from: the engine's models and settings."""
+
+    target: object
+    draft: object | None = None
+    self_draft: object | None = None
+    p_min: float = 0.5
+    calibrate: bool = True
+    learn_costs: bool = True
+    draft_cost_s: float | None = None   # a measured cost per draft token, to skip calibration (tests)
+    history: bool = True                # draft from earlier requests' text
+    history_file: object | None = None  # where the history index persists (None: memory only)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A drafter setting: its name, what it means, how to build it (None: this engine cannot have it)
+    and what it needs when it cannot."""
+
+    name: str
+    help: str
+    label: str
+    build: Callable[[Sources], Drafter | None]
+    needs: str = ""

@@ -1,0 +1,72 @@
+"""The "ngram" drafter: copies from the request itself, priced by what copies of each age did."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, PROMPT_COPY_PRIORS, CopyAcceptance, best_length,
+                                       margin_for)
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
+
+
+class CopyDrafter(Drafter):
+    """Copies of the prompt and of the answer so far (`NgramDrafter`), and at an answer's start how
+    this session's other answers opened (`OpeningDrafter`). Copies are priced by their age, apart
+    for copies of the prompt (an edit's input) and of the answer; each request starts again from the
+    priors (an edit's record carried into a code question drafts its prompt's words at a loss:
+    scripts/replay_planner.py measures it)."""
+
+    name = "ngram"
+    max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)
+    min_len = 3       # a copy may always draft this many, however young
+
+    def __init__(self, lookup: NgramDrafter | None = None, openings: OpeningDrafter | None = None):
+        self.lookup = lookup or NgramDrafter()
+        self.openings = openings
+        self.acceptance = {True: CopyAcceptance(priors=PROMPT_COPY_PRIORS),
+                           False: CopyAcceptance(priors=ANSWER_COPY_PRIORS)}
+
+    @classmethod
+    def build(cls, sources: Sources) -> "CopyDrafter":
+        vocab = getattr(sources.target, "vocab", None)
+        return cls(NgramDrafter(ends_copy=getattr(vocab, "is_control", None)), OpeningDrafter())
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.lookup.reset(prompt_len=len(prompt))
+        if self.openings is not None:
+            self.openings.start(prompt)
+        for copies in self.acceptance.values():
+            copies.forget()
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
+        proposal = self.lookup.propose(context, cap)
+        offers = []
+        if proposal.tokens:
+            if plan.fixed_len is not None:
+                offers.append(Offer(len(proposal.tokens), float("inf"), proposal))
+            else:
+                offers.append(Offer(*self._price(proposal, plan), proposal))
+        if self.openings is not None and plan.fixed_len is None:
+            opening, rates = self.openings.propose(context, cap)
+            if opening.tokens:
+                offers.append(Offer(*best_length(rates, plan.cost, 0.0), opening))
+        return max(offers, key=lambda o: (o.length > 0, o.rate)) if offers else None
+
+    def _price(self, proposal: Draft, plan: Plan) -> tuple[int, float]:
+        """No longer than twice the copy's age: a copy earns its length (a young one drafted long
+        mostly wasted the batch)."""
+        copies = self.acceptance[proposal.from_prompt]
+        longest = min(len(proposal.tokens), max(self.min_len, 2 * proposal.age))
+        return best_length(copies.rates(proposal.age, longest), plan.cost, 0.0, margin_for(copies.samples(proposal.age)))
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        if draft.opening:
+            return
+        self.acceptance[draft.from_prompt].observe(draft.age, len(draft.tokens), accepted)
+        self.lookup.observe(draft, accepted, token)
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        if self.openings is not None:
+            self.openings.remember(answer)

@@ -1,0 +1,181 @@
+"""The "model" and "self" drafters: a smaller GGUF with the target's vocabulary (or the target's own
+first layers), drafting token by token in its own KV cache, priced by its acceptance by position."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, calibrated_costs, margin_for
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.kv import KvSequence, common_prefix
+from localspec.engine.sampling import Sampler, softmax
+
+
+class ModelDrafter(Drafter):
+    """A smaller GGUF with the same vocabulary, drafting token by token in its own KV cache.
+
+    The last drafted token is never decoded here: if the target keeps it, it is evaluated with the
+    next round's catch-up, so no position is ever run twice.
+    """
+
+    max_len = 7            # longest draft: a verify batch of 8, a calibrated size (adaptive.CALIBRATION_SIZES)
+    plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
+
+    def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
+                 prior: float = 0.7, learn_costs: bool = True):
+        self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
+        self.kv = KvSequence(model)
+        self.p_min = p_min  # stop drafting when the draft's top probability falls below this
+        self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
+        self.cost = DrafterCost(per_token_s=per_token_s)
+        self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
+        self.learn_costs = learn_costs
+
+    @classmethod
+    def build(cls, sources: Sources, name: str = "model") -> "ModelDrafter | None":
+        model = sources.draft if name == "model" else sources.self_draft
+        if model is None:
+            return None
+        per_token = sources.draft_cost_s
+        if per_token is None:
+            per_token = calibrated_costs(model, sources.calibrate, sizes=(1,))[1]
+        return cls(model, p_min=sources.p_min, name=name, per_token_s=per_token,
+                   prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs)
+
+    # ------------------------------------------------------------------ pricing
+
+    def start(self, prompt: Sequence[int]) -> None:
+        # What earlier requests taught is kept as a prior at reduced weight, so this request's own
+        # evidence takes over within a few rounds.
+        self.acceptance.tried = [t * 0.3 for t in self.acceptance.tried]
+        self.acceptance.kept = [k * 0.3 for k in self.acceptance.kept]
+
+    def prefill(self, context: Sequence[int], plan: Plan) -> None:
+        """Bring the prompt in only when this request is expected to draft with it (or a fixed length
+        forces it). A drafter that is not expected to pay costs nothing: no prefill now, and a catch-up
+        (priced, see `catch_up_pays`) only when it first wins a round. On a CPU the default pair's draft
+        model never pays, and prefilling it added ~50% to the time to first token
+        (scripts/plain_parity.py measures both)."""
+        cap = plan.fixed_len if plan.fixed_len is not None else self.max_len
+        if plan.fixed_len is not None or self._best(cap, plan)[0] > 0:
+            self.prepare(context)
+
+    def _best(self, cap: int, plan: Plan) -> tuple[int, float]:
+        return best_length(self.acceptance.rates(cap), plan.cost, self.cost.per_token_s,
+                           margin_for(self.acceptance.samples))
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
+        if cap <= 0:
+            return None
+        if plan.fixed_len is not None:
+            return Offer(cap, 0.0)  # a fixed length: a lookup that found something goes first
+        k, rate = self._best(cap, plan)
+        if k > 0 and not self.catch_up_pays(context, rate, plan):
+            k = 0
+        return Offer(k, rate)
+
+    def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
+        """Never for a drafter that cannot pay on this machine even when nearly always right."""
+        k, rate = best_length([self.plausible_best] * self.max_len, plan.cost, self.cost.per_token_s)
+        if k > 0 and self.catch_up_pays(context, rate, plan):
+            return Offer(1, rate)
+        return None
+
+    def catch_up_pays(self, context: Sequence[int], rate: float, plan: Plan) -> bool:
+        """Whether drafting at `rate` tokens/s over the rest of the answer repays bringing the cache up
+        to date first. A catch-up is a batched prefill: priced as the target's per-position cost in its
+        largest calibrated batch, scaled by how much cheaper a draft token is than a target token."""
+        behind = self.behind(context)
+        if behind <= 2:
+            return True
+        cost = plan.cost
+        largest = max(cost.verify_s)
+        per_position = cost.verify(largest) / largest * self.cost.per_token_s / cost.verify(1)
+        saving_per_token = 1.0 / cost.plain_tokens_per_s - 1.0 / rate
+        return saving_per_token * plan.budget > behind * per_position
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        self.acceptance.observe(len(draft.tokens), accepted)
+        if draft.per_token_s is not None and self.learn_costs:
+            self.cost.observe(1, draft.per_token_s)
+
+    def report(self) -> dict[str, object]:
+        return {"ms_per_token": round(self.cost.per_token_s * 1000, 2)}
+
+    # ------------------------------------------------------------------ drafting
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self._ready = None
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """Bring a new prompt into the draft's cache now (counted as prompt time, not draft time)."""
+        self._ready = None
+        if 0 < len(context) <= self.kv.n_ctx:
+            self._ready = (len(context), self.kv.sync(context))
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of `context` this drafter's cache would have to evaluate before it can draft (for
+        pricing; `propose` does the real sync). Asked every round the drafter could win: when the cache
+        ends the way the context did at that length (the usual case), no scan of the whole context."""
+        held = self.kv.tokens
+        n = len(held)
+        if n <= len(context) and held[-8:] == list(context[max(n - 8, 0):n]):
+            return len(context) - n
+        return len(context) - common_prefix(held, context)
+
+    def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Logits after the context's last token, and how many tokens had to be evaluated."""
+        ready, self._ready = self._ready, None
+        if ready is not None and ready[0] == len(context) and self.kv.tokens == list(context):
+            return ready[1], 0
+        before = self.kv.evaluated
+        logits = self.kv.sync(context)
+        return logits, self.kv.evaluated - before
+
+    def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
+        return self.propose(context, length, sampler)
+
+    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
+        if max_len <= 0 or len(context) + max_len > self.kv.n_ctx:
+            return Draft.empty()  # a draft context smaller than the target's just stops drafting
+        t0 = time.perf_counter()
+        logits, caught_up = self._logits_after(context)
+        history = list(context)
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        while True:
+            if sampler.greedy:
+                adjusted = sampler.adjusted(logits, history)
+                token = int(np.argmax(adjusted))
+                confidence = float(softmax(adjusted)[token]) if self.p_min > 0 else 1.0
+            else:
+                q = sampler.probs(logits, history)
+                token = sampler.draw(q)
+                confidence = float(q.max())
+                rows.append(q)
+            if tokens and confidence < self.p_min:
+                break  # not even this one: the draft stops where the model stops being sure
+            tokens.append(token)
+            history.append(token)
+            if len(tokens) >= max_len or confidence < self.p_min:
+                break
+            logits = self.kv.extend([token], [0])[0]
+        seconds = time.perf_counter() - t0
+        decodes = len(tokens) - 1 + (1 if caught_up else 0)
+        return Draft(
+            tokens=tokens,
+            q=np.stack(rows[:len(tokens)]) if rows else None,
+            source=self.name,
+            seconds=seconds,
+            # A long catch-up (a new prompt) says nothing about the steady cost per token.
+            per_token_s=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
+        )

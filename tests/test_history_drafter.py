@@ -1,0 +1,199 @@
+"""The "history" drafter: the suffix index of earlier requests, its pricing through the planner, its
+file, and exactness on the toy model (greedy equals plain, sampling keeps the target's distribution)."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from localspec.engine.adaptive import CostModel
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.drafters import REGISTRY, HistoryDrafter
+from localspec.engine.drafters.history import SuffixIndex, load_index, model_key, save_index
+from localspec.engine.events import Round, Summary
+from localspec.engine.events import answer_tokens as _tokens
+from localspec.engine.sampling import SamplingSettings
+from toy import ToyModel
+
+COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
+
+
+def _engine(drafter="history", seed=3, **toy):
+    return Engine(ToyModel(seed=seed, **toy), None, EngineOptions(drafter=drafter, learn_costs=False),
+                  cost=CostModel(dict(COST)))
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def test_the_latest_longest_occurrence_is_proposed_and_documents_do_not_run_into_each_other():
+    index = SuffixIndex()
+    index.add([1, 2, 3, 4, 5, 6, 7, 8])
+    index.add([9, 9, 3, 4, 5, 40, 41])
+    tokens, chances, age = index.propose([50, 2, 3, 4, 5], 10)
+    assert tokens == [6, 7, 8]                      # 2 3 4 5 agrees longer with the first document
+    assert age == 4 and chances[0] > 0.5
+    tokens, _, _ = index.propose([9, 9, 3, 4, 5, 40], 10)
+    assert tokens == [41]                           # and stops at its document's end
+    assert index.propose([70, 71, 72], 5) == ([], [], 0)
+
+
+def test_continuations_are_voted_by_how_many_earlier_requests_went_that_way():
+    index = SuffixIndex()
+    for tail in ([10, 11], [10, 11], [10, 12]):
+        index.add([5, 6, 7, 8, *tail, 99])
+        index.add([1] * 20)  # another document between them: no document repeats the last one's start
+    tokens, chances, _age = index.propose([0, 5, 6, 7, 8], 4)
+    assert tokens[:2] == [10, 11]
+    assert chances[0] == pytest.approx(1.0) and 0.5 < chances[1] < 1.0
+
+
+def test_a_chat_growing_by_turns_is_stored_once():
+    index = SuffixIndex()
+    turn1 = list(range(100, 160))
+    index.add(turn1)
+    turn2 = turn1 + list(range(200, 230))
+    stored = index.add(turn2)
+    assert stored == 30 + SuffixIndex.overlap        # the new turn, with a little context before it
+    assert index.add(turn2) == 0                     # the same request again adds nothing
+
+
+def test_the_index_stays_within_its_bound():
+    index = SuffixIndex(max_tokens=1000)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        index.add(rng.integers(0, 500, size=100).tolist())
+    assert 0 < index.n_tokens <= 1000
+    latest = index.tokens[-100:].tolist()
+    assert index.propose(latest[:20], 5)[0] == latest[20:25]  # the latest request is still there
+
+
+# ----------------------------------------------------------------------------- through the engine
+
+
+def test_a_regenerated_answer_is_drafted_from_history_and_output_is_unchanged():
+    engine = _engine()
+    prompt = [0, 5, 9, 11]
+    first = list(engine.generate(prompt, max_tokens=60))
+    assert first[-1].drafted_by_drafter.get("history", 0) == 0  # nothing to draft from yet
+    again = list(engine.generate(prompt, max_tokens=60))
+    assert _tokens(again) == _tokens(first)
+    summary = again[-1]
+    assert isinstance(summary, Summary)
+    assert summary.accepted_by_drafter["history"] >= len(_tokens(first)) // 2
+    assert summary.rounds < len(_tokens(first)) // 2
+
+
+@pytest.mark.parametrize("drafter", ["auto", "history"])
+def test_greedy_with_history_equals_plain_for_unrelated_and_related_prompts(drafter):
+    engine, plain = _engine(drafter), _engine("none")
+    for prompt in ([0, 5, 9, 11], [0, 7], [0, 5, 9, 12], [0, 20, 21, 22, 23, 20, 21, 22], [0, 7, 3]):
+        assert _tokens(engine.generate(prompt, max_tokens=40)) == _tokens(plain.generate(prompt, max_tokens=40))
+
+
+def test_sampling_with_history_drafts_reproduces_the_target_distribution():
+    """Two-token continuations at temperature 1, drafted from a history that is right only sometimes."""
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    prompt = [0, 5, 6]
+    toy = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)
+    target = ToyModel(**toy)
+
+    def softmax(logits):
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
+
+    p1 = softmax(target.logits_at(prompt))
+    exact = {(a, b): p1[a] * softmax(target.logits_at(prompt + [a]))[b] for a in range(8) for b in range(8)}
+    engine = Engine(ToyModel(**toy), None, EngineOptions(drafter="history", learn_costs=False, draft_len=2),
+                    cost=CostModel(dict(COST)))
+    history = engine.drafter("history")
+    history.recording = False
+    history.index.add([0, 5, 6, 3, 2, 7])   # one earlier answer: a proposal for every request
+    trials, counts, drafted, accepted = 8000, Counter(), 0, 0
+    for seed in range(trials):
+        events = list(engine.generate(prompt, max_tokens=2, sampling=settings.with_(seed=seed)))
+        counts[tuple(_tokens(events)[:2])] += 1
+        drafted += events[-1].drafted
+        accepted += events[-1].accepted
+    assert 0 < accepted < drafted  # the history is both right and wrong
+    tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
+    assert tv < 0.06, tv
+
+
+def test_history_off_means_no_history_drafter():
+    engine = Engine(ToyModel(), None, EngineOptions(history_drafts=False, learn_costs=False), cost=CostModel(dict(COST)))
+    assert "history" not in engine.drafters and engine.drafter("history") is None
+    assert "history" in _engine().drafters
+
+
+def test_every_registered_drafter_is_a_drafter_setting():
+    from localspec.engine.contract import DRAFTER_HELP, DRAFTER_SETTINGS
+
+    assert [r.name for r in REGISTRY] == list(DRAFTER_SETTINGS[1:-1])
+    assert all(r.name in DRAFTER_HELP for r in REGISTRY)
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+def _drafter_with(tmp_path, docs):
+    index = SuffixIndex()
+    for d in docs:
+        index.add(d)
+    file = tmp_path / "history" / "model.npz"
+    return HistoryDrafter(index, file, "model|1|256"), file
+
+
+def test_the_index_survives_a_restart(tmp_path):
+    drafter, file = _drafter_with(tmp_path, [list(range(10, 40))])
+    drafter._dirty = True
+    drafter.close()
+    assert file.exists() and (file.stat().st_mode & 0o777) == 0o600
+    index, warning = load_index(file, "model|1|256", 256)
+    assert warning is None and index.propose(list(range(10, 20)), 5)[0] == [20, 21, 22, 23, 24]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign", "bad-ids"])
+def test_a_corrupt_or_foreign_index_is_ignored_with_a_warning_and_rebuilt(tmp_path, damage):
+    drafter, file = _drafter_with(tmp_path, [list(range(10, 40))])
+    drafter._dirty = True
+    drafter.save()
+    if damage == "garbage":
+        file.write_bytes(b"not an index at all")
+    elif damage == "truncated":
+        file.write_bytes(file.read_bytes()[:200])
+    elif damage == "foreign":
+        save_index(drafter.index, file, "another-model.gguf|5|256")
+    else:
+        save_index(drafter.index, file, "model|1|20")  # token ids beyond a 20-token vocabulary
+    index, warning = load_index(file, "model|1|256" if damage != "bad-ids" else "model|1|20", 256 if damage != "bad-ids" else 20)
+    assert index.n_tokens == 0 and warning and str(file) in warning
+    rebuilt = HistoryDrafter(index, file, "model|1|256")
+    rebuilt.finish([1, 2, 3], list(range(50, 80)))
+    rebuilt.close()
+    again, warning = load_index(file, "model|1|256", 256)
+    assert warning is None and again.n_tokens > 0
+
+
+def test_an_engine_with_a_stored_history_warns_once_and_keeps_working(tmp_path):
+    file = tmp_path / "h.npz"
+    file.write_bytes(b"\x00" * 64)
+    engine = Engine(ToyModel(), None, EngineOptions(learn_costs=False), cost=CostModel(dict(COST)), history_file=file)
+    assert len(engine.warnings) == 1 and "Ignored the drafting history" in engine.warnings[0]
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=10))
+    assert isinstance(events[-1], Summary) and any(isinstance(e, Round) for e in events)
+    engine.close()
+    assert load_index(file, model_key(None, ToyModel().n_vocab), ToyModel().n_vocab)[1] is None
+
+
+def test_a_full_disk_is_a_warning_not_a_crash(tmp_path, monkeypatch):
+    drafter, file = _drafter_with(tmp_path, [list(range(10, 40))])
+    drafter._dirty = True
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    drafter.close()
+    assert "No space left on device" in drafter.warning and not file.exists()
+    assert not list(file.parent.glob("*.tmp"))
