@@ -138,9 +138,13 @@ class Acceptance:
 # on edits; a copy of the answer 26-40%, 44-73% and 55-100%. Age 0 is a copy resumed right after a
 # token the target replaced (kept 0-25%). Ages from 10 on share one class: an edit met at age 40 says
 # as much about the copy as one met at 12, and with classes of their own one such rejection priced
-# the rest of a long copy out.
+# the rest of a long copy out. The prior of a prompt copy 10 tokens or older is 0.96 (within the
+# 90-100% measured): where a 16-position verify costs ~9x one (a 2-core CPU, 32 tok/s) a young
+# request's margin (margin_for) with 0.93 kept even 48-token-old copies of an edit's input from ever
+# being drafted; scripts/replay_planner.py on the edit suite: 1.20x -> 1.28x, code/chat/creative
+# unchanged.
 AGE_CLASSES = (0, 1, 2, 3, 4, 5, 7, 10)
-PROMPT_COPY_PRIORS = (0.2, 0.3, 0.65, 0.75, 0.85, 0.9, 0.9, 0.93)
+PROMPT_COPY_PRIORS = (0.2, 0.3, 0.65, 0.75, 0.85, 0.9, 0.9, 0.96)
 ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
 
 
@@ -312,6 +316,8 @@ def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> di
     if path is not None and Path(path).exists():
         opts = model.options
         key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
+        if getattr(opts, "placement", ""):
+            key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
         cached = load_cached(key) if enabled else None
         if cached:
             return {int(k): float(v) for k, v in cached.items()}
