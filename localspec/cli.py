@@ -20,6 +20,38 @@ SAMPLING = SamplingSettings()  # the defaults of every sampling option
 DRAFTER_OPTION_HELP = "; ".join(f"{name}: {what}" for name, what in DRAFTER_HELP.items()) + "."
 
 
+def rpc_options(command):
+    """--rpc, --rpc-allow-public and --tensor-split, on every command that loads a model."""
+    command = click.option("--tensor-split", default=None, metavar="A,B,...",
+                           help="Share of the target's layers on each RPC worker (default: by their free memory).")(command)
+    command = click.option("--rpc-allow-public", is_flag=True,
+                           help="Accept RPC workers beyond loopback and private addresses (the protocol has no "
+                                "authentication).")(command)
+    return click.option("--rpc", default=None, metavar="HOST:PORT[,...]",
+                        help="Put the target's layers on llama.cpp RPC workers (`localspec rpc-worker` on each; "
+                             "default: the rpc_workers setting); the draft stays local. Workers belong on a trusted "
+                             "network only.")(command)
+
+
+def rpc_load_options(rpc: str | None, allow_public: bool, tensor_split: str | None) -> dict:
+    """load()'s rpc and tensor_split from the options, or from settings.yaml's rpc_workers."""
+    from localspec.config import load_user_config
+    from localspec.rpc import parse_workers
+
+    workers = parse_workers(rpc if rpc is not None else load_user_config().rpc_workers, allow_public)
+    if not workers:
+        if tensor_split:
+            raise click.BadParameter("needs --rpc workers", param_hint="--tensor-split")
+        return {}
+    try:
+        split = tuple(float(x) for x in tensor_split.split(",")) if tensor_split else ()
+    except ValueError:
+        raise click.BadParameter("must be numbers, e.g. 3,1", param_hint="--tensor-split") from None
+    if any(x < 0 for x in split) or (split and not sum(split)):
+        raise click.BadParameter("must be shares of zero or more, not all zero", param_hint="--tensor-split")
+    return {"rpc": workers, "tensor_split": split}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="localspec")
 def cli() -> None:
@@ -169,6 +201,7 @@ def doctor() -> None:
     click.echo(f"localspec           {__version__}")
     click.echo(f"llama-cpp-python    {backend.bindings_version()}")
     click.echo(f"GPU offload         {'yes' if gpu else 'no (CPU only build)'}")
+    click.echo(f"RPC workers         {'yes (--rpc HOST:PORT; localspec rpc-worker)' if backend.supports_rpc() else 'no (rebuild: bash scripts/setup.sh)'}")
     for device in backend.devices():
         mem = f"{device.free_bytes / 2**30:.1f}/{device.total_bytes / 2**30:.1f} GiB free" if device.total_bytes else ""
         click.echo(f"  device {device.kind:5} {device.name}: {device.description} {mem}")
@@ -227,8 +260,9 @@ def _doctor_history() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
 @click.option("--no-history-drafts", is_flag=True,
               help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@rpc_options
 def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
-        system, raw, n_ctx, as_json, no_history_drafts) -> None:
+        system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
     """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
@@ -254,7 +288,8 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
     from localspec.config import load_user_config
 
     history = load_user_config().history(no_history_drafts)
-    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=history) as engine:
+    placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
+    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=history, **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
         if raw:
@@ -286,7 +321,9 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
               help="The server's Unix socket for --connect (default: the one `localspec serve` uses).")
 @click.option("--no-history-drafts", is_flag=True,
               help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
-def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_drafts) -> None:
+@rpc_options
+def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_drafts, rpc, rpc_allow_public,
+         tensor_split) -> None:
     """Chat in the terminal and watch speculative decoding at work.
 
     ENTRY_ID is a catalog pair or model (a single model drafts with n-gram lookups), or a GGUF path.
@@ -302,8 +339,9 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
         provider = RemoteProvider(socket_path)
     if n_ctx < 64:
         raise click.BadParameter("must be at least 64", param_hint="--ctx")
+    placement = {} if connect else rpc_load_options(rpc, rpc_allow_public, tensor_split)
     app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers,
-                     no_history_drafts=no_history_drafts)
+                     no_history_drafts=no_history_drafts, placement=placement)
     app.run()
 
 
@@ -329,8 +367,9 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
 @click.option("--no-history-drafts", is_flag=True,
               help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@rpc_options
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
-          gpu_layers, no_history_drafts) -> None:
+          gpu_layers, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -346,7 +385,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature,
-               history=load_user_config().history(no_history_drafts), say=lambda m: click.echo(m, err=True))
+               history=load_user_config().history(no_history_drafts),
+               placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 
 @cli.command()
@@ -369,8 +409,9 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every raw run here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write an SVG plot here.")
 @click.option("--ctx", "n_ctx", type=int, default=2048, show_default=True)
+@rpc_options
 def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, limit, peer_prompts, json_path, plot_path,
-          n_ctx):
+          n_ctx, rpc, rpc_allow_public, tensor_split):
     """Measure speculative against plain decoding (and peers) on shipped prompt suites.
 
     Variants run back to back per prompt, in alternating order, so machine drift cancels out. Prints a
@@ -416,7 +457,11 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
             else:
                 raise LocalspecError(f"No self-draft for {entry} yet; build one with `localspec draft make {entry}`.")
     # The drafting history in memory only: a bench neither reads nor feeds the user's own.
-    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft, history="memory")
+    placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
+    if placement and peers:
+        click.echo("(with --rpc the peers run locally: they say what the same file does on this machine alone)", err=True)
+    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft, history="memory", isolate=False,
+                  **placement)  # the bench reads the engine's costs: in this process, even with --rpc
     click.echo(f"localspec bench: {entry} on {platform.machine()} ({os.cpu_count()} threads); "
                f"{len(prompts)} prompts, {len(sessions)} sessions, {max_tokens} tokens, T in {temps}, "
                f"repeat {repeat}, drafters {drafters}", err=True)
@@ -447,6 +492,47 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
 
         Path(plot_path).write_text(svg(rows, f"localspec bench: {entry}, {max_tokens} tokens"))
         click.echo(f"plot: {plot_path}", err=True)
+
+
+@cli.command(name="rpc-worker")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: loopback, or this machine's private address for workers on a LAN.")
+@click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: every core).")
+@click.option("--cache", "use_cache", is_flag=True,
+              help="Keep received weights in the cache folder, so that a restart reloads them locally.")
+@click.option("--allow-public", is_flag=True, help="Listen on a non-private address (the protocol has no authentication).")
+def rpc_worker(host: str, port: int, threads: int | None, use_cache: bool, allow_public: bool) -> None:
+    """Lend this machine's CPU to another machine's `--rpc`: llama.cpp's RPC server (the code of its
+    `rpc-server` tool, from the same llama.cpp build as localspec's). It serves one client at a time
+    and holds the layers it is given in memory; Ctrl+C stops it.
+
+    The protocol has no authentication: run workers on a trusted network only.
+    """
+    import threading
+
+    from localspec.engine import backend
+    from localspec.rpc import check_bind_address
+
+    if not backend.supports_rpc():
+        raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
+                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
+    check_bind_address(host, allow_public)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    cache = paths.ensure(paths.cache_dir() / "rpc") if use_cache else None
+    n = threads or os.cpu_count() or 1
+    click.echo(f"localspec rpc-worker on {endpoint}, {n} threads{f', cache {cache}' if cache else ''}. "
+               "Trusted networks only: the RPC protocol has no authentication. Ctrl+C stops it.", err=True)
+    # The server loop is C and never returns: run it beside the main thread, which stays free for Ctrl+C.
+    worker = threading.Thread(target=backend.serve_rpc, args=(endpoint, n, cache), daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.5)
+    except KeyboardInterrupt:
+        click.echo("Stopped.", err=True)
+        return
+    raise LocalspecError(f"The RPC worker could not listen on {endpoint} (in use, or not this machine's address).")
 
 
 @cli.group()

@@ -3,6 +3,7 @@
     # ~/.config/localspec/settings.yaml (see `localspec list --paths`)
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
     history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
+    rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
     chat:
       temperature: 0.0
       max_tokens: 1024
@@ -99,6 +100,7 @@ class UserConfig:
     model: str | None = None
     chat: ChatSettings = ChatSettings()
     history_drafts: bool = True
+    rpc_workers: str = ""
 
     def history(self, off: bool = False) -> str:
         """The engine's `history` option: a command's --no-history-drafts or this setting turns it off."""
@@ -127,4 +129,9 @@ def load_user_config() -> UserConfig:
     history = data.get("history_drafts", True)
     if not isinstance(history, bool):
         raise LocalspecError(f"{path}: history_drafts must be true or false.")
-    return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history)
+    workers = data.get("rpc_workers") or ""
+    if isinstance(workers, list):
+        workers = ",".join(str(w) for w in workers)
+    if not isinstance(workers, str):
+        raise LocalspecError(f"{path}: rpc_workers must be HOST:PORT entries (a list, or one comma-separated string).")
+    return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history, rpc_workers=workers)

@@ -35,3 +35,8 @@ class IncompatiblePairError(LocalspecError):
 
 class ContextOverflowError(LocalspecError):
     """The prompt does not fit the context window."""
+
+
+class EngineUnavailableError(LocalspecError):
+    """The engine cannot serve right now (an RPC worker is down or stopped answering); a later request
+    may succeed once it is back. The server answers these with 503."""

@@ -7,10 +7,13 @@ self-draft of a target was kept, is known here, a layer above it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.engine.api import Engine, load_files
 from localspec.errors import LocalspecError
+
+if TYPE_CHECKING:
+    from localspec.hosted import HostedEngine
 
 
 def _is_path(name: str) -> bool:
@@ -50,12 +53,23 @@ def resolve(id_or_path: str, draft: str | None = None) -> tuple[Path, Path | Non
 
 
 def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | None = None,
-         **options: Any) -> Engine:
+         rpc: list[str] | None = None, tensor_split: tuple[float, ...] = (), isolate: bool = True,
+         **options: Any) -> Engine | HostedEngine:
     """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id). With the
-    drafter 'self' and no `self_draft`, the one `localspec draft make` built for this target. `options`
-    are `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
-    calibrate."""
+    drafter 'self' and no `self_draft`, the one `localspec draft make` built for this target. `rpc`:
+    workers (checked HOST:PORT, localspec.rpc.parse_workers) that hold the target's layers, split by
+    `tensor_split` (default: by their free memory); with `isolate` the engine then runs in a child
+    process (localspec.hosted: a worker dying mid-answer must not end this one). `options` are
+    `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
+    calibrate, slots, history."""
     target_path, draft_path = resolve(id_or_path, draft)
+    if rpc and isolate:
+        from localspec.hosted import HostedEngine
+
+        return HostedEngine(id_or_path, target_path, rpc, {"draft": draft, "self_draft": self_draft, "rpc": rpc,
+                                                           "tensor_split": tensor_split, **options})
+    if rpc:
+        options.update(_rpc_placement(rpc, tensor_split))
     if options.get("drafter") == "self" and self_draft is None:
         from localspec.selfdraft import find_self_draft
 
@@ -64,3 +78,19 @@ def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | 
             raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
                                  f"`localspec draft make {id_or_path}`.")
     return load_files(target_path, draft_path=draft_path, self_draft_path=self_draft, **options)
+
+
+def _rpc_placement(workers: list[str], tensor_split: tuple[float, ...]) -> dict[str, Any]:
+    """The target's devices on RPC workers, after asking each for its protocol version (ggml's own
+    client would end the process on a worker that is down or speaks another version)."""
+    from localspec.engine import backend
+    from localspec.rpc import check_workers
+
+    if not backend.supports_rpc():
+        raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
+                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
+    if tensor_split and len(tensor_split) != len(workers):
+        raise LocalspecError(f"--tensor-split gives {len(tensor_split)} shares for {len(workers)} RPC workers.")
+    check_workers(workers)
+    return {"target_devices": tuple(backend.rpc_devices(workers)), "tensor_split": tensor_split,
+            "placement": "rpc:" + ",".join(workers)}

@@ -7,7 +7,9 @@
 #
 # Default flags target x86-64-v3 (AVX2/FMA/F16C) rather than -march=native: some virtual machines
 # advertise Intel AMX but fault when it is used, and a native build then crashes in its AMX kernels.
-# Set LOCALSPEC_CMAKE_ARGS to override, e.g. "-DGGML_CUDA=on" for NVIDIA GPUs (see README, "GPU").
+# -DGGML_RPC=ON adds llama.cpp's RPC backend: `--rpc` puts a target's layers on other machines running
+# `localspec rpc-worker` (README, "RPC workers"); it costs nothing when unused.
+# Set LOCALSPEC_CMAKE_ARGS to override, e.g. "-DGGML_CUDA=on -DGGML_RPC=ON" for NVIDIA GPUs (see README, "GPU").
 #
 # --with-editor-tools: also make sure vim, tmux and curl are there (Debian's, with apt, only if missing and
 # only as root): the real-editor test drives the llama.vim plugin in vim inside tmux, and skips without them.
@@ -30,7 +32,7 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 LLAMA_VERSION="0.3.36"
-CMAKE_ARGS_DEFAULT="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+CMAKE_ARGS_DEFAULT="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_RPC=ON"
 export CMAKE_ARGS="${LOCALSPEC_CMAKE_ARGS:-$CMAKE_ARGS_DEFAULT}"
 KEY="$(printf '%s %s' "$LLAMA_VERSION" "$CMAKE_ARGS" | sha256sum | cut -c1-16)"
 WHEELS="${LOCALSPEC_WHEEL_CACHE:-$HOME/.cache/localspec-build}/$KEY"

@@ -71,3 +71,13 @@ def smollm2_q2k_path(smollm2_path) -> Path:
 def test_home_with_smollm2(smollm2_path) -> Path:
     """A LOCALSPEC_HOME in which smollm2-135m is pulled (for CLI subprocess tests)."""
     return TEST_CACHE / "home"
+
+
+@pytest.fixture
+def smollm2_home(tmp_path, test_home_with_smollm2):
+    """A fresh LOCALSPEC_HOME sharing the pulled models (data) of the test cache: caches, calibration
+    and the drafting history start empty and stay with the test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "data").symlink_to(test_home_with_smollm2 / "data", target_is_directory=True)
+    return home

@@ -8,16 +8,6 @@ import sys
 import pytest
 
 
-@pytest.fixture
-def smollm2_home(tmp_path, test_home_with_smollm2):
-    """A fresh LOCALSPEC_HOME sharing the pulled models (data) of the test cache: caches, calibration
-    and the drafting history start empty and stay with the test."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "data").symlink_to(test_home_with_smollm2 / "data", target_is_directory=True)
-    return home
-
-
 def _run(args, home, stdin=None):
     env = {**os.environ, "LOCALSPEC_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True, text=True,

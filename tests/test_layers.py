@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "localspec.engine": 1,
     "localspec.config": 2, "localspec.catalog": 2, "localspec.registry": 2, "localspec.pull": 2,
     "localspec.history": 2, "localspec.selfdraft": 2, "localspec.bench": 2, "localspec.benchplot": 2,
-    "localspec.loader": 2,
+    "localspec.loader": 2, "localspec.rpc": 2, "localspec.hosted": 2,
     "localspec.tui": 3, "localspec.server": 3,
     "localspec.cli": 4,
 }

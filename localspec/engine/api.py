@@ -322,12 +322,17 @@ def load_files(
     calibrate: bool = True,
     slots: int = 1,
     history: str = "saved",
+    target_devices: tuple[int, ...] = (),
+    tensor_split: tuple[float, ...] = (),
+    placement: str = "",
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
     `slots`: KV sequences of the target that requests are routed to (n_ctx is shared out among them).
     `history`: the "history" drafter's index of earlier requests: "saved" (per target file under the
-    cache folder, kept across runs), "memory" (this engine's life only) or "off"."""
+    cache folder, kept across runs), "memory" (this engine's life only) or "off". `target_devices`: ggml
+    devices for every layer of the target (RPC workers, see localspec.rpc), split by `tensor_split`;
+    `placement` names them for the calibration cache. The draft stays local."""
     from localspec.engine.backend import Model, ModelOptions
 
     if history not in ("saved", "memory", "off"):
@@ -342,7 +347,8 @@ def load_files(
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                             n_seq=slots))
+                                             n_seq=slots, devices=target_devices, tensor_split=tensor_split,
+                                             placement=placement))
     draft_model = self_model = None
     try:
         if draft_path is not None:

@@ -66,8 +66,57 @@ def _problems_since(mark: int) -> str:
 
 
 def supports_gpu_offload() -> bool:
+    """A GPU this build can offload to. (llama.cpp's own llama_supports_gpu_offload() is also true for
+    any build with the RPC backend, GPU or not.)"""
+    return any(d.kind in ("gpu", "igpu") for d in devices())
+
+
+def supports_rpc() -> bool:
+    """Built with llama.cpp's RPC backend (-DGGML_RPC=ON): layers can be placed on RPC workers."""
     init()
-    return bool(L.llama_supports_gpu_offload())
+    return bool(L.llama_supports_rpc())
+
+
+def _ggml(name: str = "libggml.so") -> ctypes.CDLL:
+    return ctypes.CDLL(str(Path(L.__file__).parent / "lib" / name))
+
+
+def rpc_devices(endpoints: list[str]) -> list[int]:
+    """The ggml devices of RPC workers (HOST:PORT each), in order, for `ModelOptions.devices`.
+
+    Callers check that each worker answers first (localspec.rpc): ggml's RPC client ends the process
+    when it cannot reach one."""
+    init()
+    rpc, ggml = _ggml("libggml-rpc.so"), _ggml()
+    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    out: list[int] = []
+    for endpoint in endpoints:
+        reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        count = ggml.ggml_backend_reg_dev_count(reg) if reg else 0
+        if not count:
+            raise LocalspecError(f"The RPC worker {endpoint} offers no device.")
+        out += [ggml.ggml_backend_reg_dev_get(reg, i) for i in range(count)]
+    return out
+
+
+def serve_rpc(endpoint: str, threads: int, cache_dir: Path | None = None) -> None:
+    """llama.cpp's RPC server on this machine's CPU (what its `rpc-server` tool runs); blocks for good."""
+    init()
+    rpc, ggml = _ggml("libggml-rpc.so"), _ggml()
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    devs = (ctypes.c_void_p * 1)(cpu)
+    rpc.ggml_backend_rpc_start_server.restype = None
+    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                                                  ctypes.POINTER(ctypes.c_void_p)]
+    rpc.ggml_backend_rpc_start_server(endpoint.encode(), str(cache_dir).encode() if cache_dir else None,
+                                      threads, 1, devs)
 
 
 @dataclass(frozen=True)
@@ -139,6 +188,9 @@ class ModelOptions:
                                       # slower decoding on CPUs); True: mmap explicitly
     n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
     n_seq: int = 1                    # KV sequences (slots); n_ctx is shared out among them, as llama-server's -np
+    devices: tuple[int, ...] = ()     # ggml devices to place every layer on (RPC workers: rpc_devices); () = llama.cpp's
+    tensor_split: tuple[float, ...] = ()  # share of the layers on each of `devices`; () = by their free memory
+    placement: str = ""               # where the layers are, for cache keys: "" local, "rpc:HOST:PORT,…"
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -157,10 +209,11 @@ class ModelOptions:
     def gpu_layers(self) -> int:
         if self.n_gpu_layers is not None:
             return self.n_gpu_layers
-        return -1 if supports_gpu_offload() else 0
+        return -1 if self.devices or supports_gpu_offload() else 0
 
 
-def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mode: int = L.LLAMA_LOAD_MODE_AUTO):
+def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mode: int = L.LLAMA_LOAD_MODE_AUTO,
+                devices: tuple[int, ...] = (), tensor_split: tuple[float, ...] = ()):
     init()
     path = Path(path)
     if not path.exists():
@@ -175,6 +228,13 @@ def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mod
     params.vocab_only = vocab_only
     params.n_gpu_layers = n_gpu_layers
     params.load_mode = load_mode
+    if devices:  # kept alive until the load returns; llama.cpp copies the list into the model
+        device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        params.devices = ctypes.cast(device_list, ctypes.c_void_p)
+        params.split_mode = L.LLAMA_SPLIT_MODE_LAYER
+        if tensor_split:
+            split = (ctypes.c_float * L.llama_max_devices())(*tensor_split)
+            params.tensor_split = split
     mark = _problems_logged
     model = L.llama_model_load_from_file(str(path).encode(), params)
     if not model:
@@ -247,8 +307,28 @@ class Vocab:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
-class VocabFile:
-    """A GGUF opened for its vocabulary only (fast; no weights are read)."""
+class _Metadata:
+    """The GGUF's metadata, for a loaded model or a vocabulary-only one."""
+
+    _model: object
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = L.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+
+class VocabFile(_Metadata):
+    """A GGUF opened for its vocabulary only (fast; no weights are read): tokenizer, metadata, chat template."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -271,7 +351,7 @@ class VocabFile:
         self.close()
 
 
-class Model:
+class Model(_Metadata):
     """One GGUF with one context: decode at explicit positions, roll back the KV cache.
 
     `options.n_seq` sequences (slots), each with its own `n_ctx` cells. `decode` appends tokens at
@@ -284,7 +364,8 @@ class Model:
         self._model = self._ctx = None
         self._batch = None
         self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers(),
-                                  load_mode=self.options.load_mode())
+                                  load_mode=self.options.load_mode(), devices=self.options.devices,
+                                  tensor_split=self.options.tensor_split)
         self.vocab = Vocab(self._model)
         self.n_vocab = self.vocab.n_tokens
         self.n_ctx_train = L.llama_model_n_ctx_train(self._model)
@@ -326,20 +407,6 @@ class Model:
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
 
     # --- metadata
-
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
-    def chat_template(self) -> str | None:
-        raw = L.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8", "replace") if raw else None
 
     def description(self) -> str:
         buf = ctypes.create_string_buffer(256)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from localspec.engine.contract import DRAFTER_SETTINGS, ServedEngine
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
-from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.errors import ContextOverflowError, EngineUnavailableError, LocalspecError
 from localspec.server.scheduler import Job, Scheduler
 
 
@@ -139,6 +139,8 @@ class Served:
             raise ApiError(503, "The server is shutting down.", "unavailable_error") from None
         except ContextOverflowError as exc:
             raise ApiError(400, str(exc), "exceed_context_size_error") from None
+        except EngineUnavailableError as exc:
+            raise ApiError(503, str(exc), "unavailable_error") from None
         except LocalspecError as exc:
             raise ApiError(400, str(exc)) from None
         except RuntimeError as exc:
@@ -174,6 +176,8 @@ async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Su
         if summary is None:
             raise ApiError(500, "The generation ended without a result.", "server_error")
         return summary
+    except EngineUnavailableError as exc:
+        raise ApiError(503, str(exc), "unavailable_error") from None
     except LocalspecError as exc:
         raise ApiError(400, str(exc)) from None
     except RuntimeError as exc:
@@ -220,6 +224,8 @@ def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
                 yield chunk
         except ApiError as exc:
             yield fmt.error(exc)
+        except EngineUnavailableError as exc:
+            yield fmt.error(ApiError(503, str(exc), "unavailable_error"))
         except LocalspecError as exc:
             yield fmt.error(ApiError(400, str(exc)))
         except RuntimeError as exc:  # the engine failed mid-answer; the scheduler keeps serving

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from localspec import paths
 from localspec.engine.api import Engine
@@ -19,10 +19,13 @@ from localspec.errors import LocalspecError
 from localspec.server.common import Served
 from localspec.server.scheduler import Scheduler
 
+if TYPE_CHECKING:
+    from localspec.hosted import HostedEngine
+
 DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no editor configuration needed
 
 
-def served_for(engine: Engine, entry_id: str, temperature: float | None = None) -> Served:
+def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float | None = None) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'."""
     target_path = Path(engine.target.path)
     is_file = entry_id.endswith(".gguf")
@@ -155,7 +158,7 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
 
 def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_key: str | None,
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
-          temperature: float | None = None, history: str = "saved") -> None:
+          temperature: float | None = None, history: str = "saved", placement: dict | None = None) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -168,7 +171,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     unix = bind_unix(socket_path) if socket_path else None
     say(f"Loading {entry_id}…")
     engine = load(entry_id, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=n_gpu_layers,
-                  slots=slots, history=history)
+                  slots=slots, history=history, **(placement or {}))
     for warning in engine.warnings:
         say(f"warning: {warning}")
     served = served_for(engine, entry_id, temperature)

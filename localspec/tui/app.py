@@ -195,11 +195,13 @@ class ChatApp(App):
 
 def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider=None,
                history: History | None = None, config: UserConfig | None = None, n_ctx: int = 4096,
-               n_gpu_layers: int | None = None, no_history_drafts: bool = False) -> ChatApp:
+               n_gpu_layers: int | None = None, no_history_drafts: bool = False,
+               placement: dict | None = None) -> ChatApp:
     """The chat app, wired to local models unless a provider is given (tests script one)."""
     config = config or load_user_config()
     return ChatApp(
-        provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts)),
+        provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts),
+                                  placement=placement),
         entry_id=entry_id,
         drafter=drafter,
         history=history,

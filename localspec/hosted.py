@@ -1,0 +1,238 @@
+"""An engine in a child process, for a target on RPC workers.
+
+ggml's RPC client ends the whole process when a worker dies mid-answer ("Remote RPC server crashed or
+returned malformed response"). So with `--rpc` the engine is loaded in a child process and this side
+keeps what front doors call between answers: the tokenizer and chat template (a vocabulary-only load),
+the engine's figures, the events streamed over a pipe. When the child dies, the answer so far has been
+delivered, the error names the worker that stopped answering (each is asked for its version), and the
+next request loads a new child (failing with the same clear error while the worker is still down).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from localspec import errors
+from localspec.engine.events import Event
+from localspec.engine.sampling import SamplingSettings
+from localspec.errors import EngineUnavailableError, LocalspecError
+
+_ERRORS = {cls.__name__: cls for cls in (LocalspecError, errors.ContextOverflowError, EngineUnavailableError,
+                                         errors.ModelFileError, errors.IncompatiblePairError, errors.UnknownIdError)}
+
+
+def _child(conn, entry: str, options: dict[str, Any]) -> None:
+    """The engine's process: load, then answer requests until told to close or the pipe breaks."""
+    import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
+
+    from localspec.loader import load
+
+    try:
+        engine = load(entry, isolate=False, **options)
+    except Exception as exc:  # every failure goes back as a message; this process only serves the parent
+        conn.send(("failed", str(exc) if isinstance(exc, LocalspecError) else f"{type(exc).__name__}: {exc}",
+                   type(exc).__name__))
+        return
+    conn.send(("ready", {"n_ctx": engine.n_ctx, "drafters": engine.drafters,
+                         "baseline_tokens_per_s": engine.baseline_tokens_per_s, "slots": len(engine.slots),
+                         "warnings": engine.warnings, "slot_tokens": engine.slot_tokens()}))
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message[0] == "close":
+                return
+            if message[0] == "generate":
+                _generate(conn, engine, message[1], message[2])
+    finally:
+        engine.close()
+
+
+def _generate(conn, engine, prompt, options: dict[str, Any]) -> None:
+    cancel = threading.Event()
+    try:
+        for event in engine.generate(prompt, cancel=cancel, **options):
+            conn.send(("event", event))
+            while conn.poll():
+                if conn.recv()[0] == "cancel":
+                    cancel.set()
+        conn.send(("done", engine.slot_tokens()))
+    except Exception as exc:
+        conn.send(("failed", str(exc) if isinstance(exc, LocalspecError) else f"The engine failed: {type(exc).__name__}: {exc}",
+                   type(exc).__name__ if isinstance(exc, LocalspecError) else "RuntimeError"))
+
+
+class HostedEngine:
+    """A `ServedEngine` whose engine runs in a child process (see the module's docstring)."""
+
+    def __init__(self, entry: str, target_path: Path, workers: list[str], options: dict[str, Any]):
+        from localspec.engine.backend import VocabFile
+        from localspec.engine.session import ChatTemplate
+
+        self.entry, self.workers, self._options = entry, workers, options
+        self.target = VocabFile(target_path)  # .path, .meta(), .vocab: what the server names the model by
+        self._template = ChatTemplate.for_model(self.target)
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: Any = None
+        self._start()
+
+    # ------------------------------------------------------------------ the child
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process that holds llama.cpp threads
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(target=_child, args=(child, self.entry, self._options), daemon=True,
+                                     name="localspec-engine")
+        self._proc.start()
+        child.close()
+        try:
+            kind, *payload = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._lost("while the model was loading") from None
+        if kind == "failed":
+            self._stop()
+            raise _ERRORS.get(payload[1], LocalspecError)(payload[0])
+        self._info: dict[str, Any] = payload[0]
+        self._slot_tokens = list(self._info["slot_tokens"])
+        self.slots = [None] * self._info["slots"]
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def _stop(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(("close",))
+        except (OSError, ValueError):
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+
+    def _lost(self, when: str) -> EngineUnavailableError:
+        """The child died: say which worker is down (asked directly), and that the next request reloads."""
+        from localspec.rpc import reachable
+
+        if self._proc is not None:
+            self._proc.join(5)
+            self._conn.close()
+        self._proc = self._conn = None
+        down = [w for w in self.workers if not reachable(w)]
+        who = f"The RPC worker {', '.join(down)}" if down else "An RPC worker"
+        return EngineUnavailableError(
+            f"{who} stopped answering {when}, and llama.cpp ended the engine's process. The model is loaded again "
+            f"at the next request{' (once the worker is back)' if down else ''}.")
+
+    # ------------------------------------------------------------------ the contract
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._info["n_ctx"])
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        return tuple(self._info["drafters"])
+
+    @property
+    def baseline_tokens_per_s(self) -> float:
+        return float(self._info["baseline_tokens_per_s"])
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._info["warnings"])
+
+    @property
+    def vocab(self) -> Any:
+        return self.target.vocab
+
+    @property
+    def chat_template(self) -> str:
+        return self._template.text
+
+    def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self._template.tokens(self.target.vocab, messages)
+
+    def slot_tokens(self) -> list[int]:
+        return list(self._slot_tokens)
+
+    def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
+             drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> Iterator[Event]:
+        return self.generate(self.chat_tokens(messages), max_tokens=max_tokens, sampling=sampling, drafter=drafter,
+                             draft_len=draft_len, stop=stop, cancel=cancel)
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
+                 drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
+                   "stop": tuple(stop)}
+        return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())
+
+    def _stream(self, prompt, options: dict[str, Any], cancel: threading.Event) -> Iterator[Event]:
+        if not self._lock.acquire(blocking=False):
+            raise LocalspecError("This engine is already generating; one generation at a time.")
+        try:
+            if not self._alive():
+                self._stop()
+                self._start()
+            conn = self._conn
+            conn.send(("generate", prompt, options))
+            told, finished = False, False
+            try:
+                while True:
+                    if cancel.is_set() and not told:
+                        conn.send(("cancel",))
+                        told = True
+                    if not conn.poll(0.05):
+                        if not self._proc.is_alive() and not conn.poll():
+                            raise EOFError
+                        continue
+                    kind, *payload = conn.recv()
+                    if kind == "event":
+                        yield payload[0]
+                        if payload[0].__class__.__name__ == "Summary":
+                            self._info["baseline_tokens_per_s"] = payload[0].baseline_tokens_per_s
+                    elif kind == "done":
+                        finished = True
+                        self._slot_tokens = payload[0]
+                        return
+                    elif kind == "failed":
+                        finished = True
+                        raise _ERRORS.get(payload[1], RuntimeError)(payload[0])
+            except (EOFError, OSError):
+                finished = True
+                raise self._lost("in the middle of an answer") from None
+            finally:
+                if not finished and self._alive():  # the consumer stopped early: cancel, and keep the pipe in step
+                    conn.send(("cancel",))
+                    while True:
+                        try:
+                            if not conn.poll(30) or conn.recv()[0] in ("done", "failed"):
+                                break
+                        except (EOFError, OSError):
+                            break
+        finally:
+            self._lock.release()
+
+    def reset(self) -> None:
+        """Nothing to forget on this side; the child's caches go with it at the next reload."""
+
+    def close(self) -> None:
+        self._stop()
+        self.target.close()
+
+    def __enter__(self) -> "HostedEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
