@@ -365,11 +365,14 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
               help="Temperature for requests that set none (0: greedy, reproducible completions). Default: each "
                    "dialect's own (llama.cpp 0.8, OpenAI 1.0, Ollama 0.8).")
 @click.option("--gpu-layers", type=int, default=None, help="Layers to offload (default: all, with a GPU build).")
+@click.option("--cache-reuse", type=click.IntRange(0, 100_000), default=16, show_default=True,
+              help="Reuse cached runs of at least this many tokens that moved within the prompt, by shifting them in "
+                   "the KV cache (llama-server's --cache-reuse; an editor's window of the file slides). 0: prefix only.")
 @click.option("--no-history-drafts", is_flag=True,
               help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
 @rpc_options
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
-          gpu_layers, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
+          gpu_layers, cache_reuse, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -384,7 +387,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     entry = entry_id or load_catalog().default_pair
     sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
-               n_gpu_layers=gpu_layers, slots=slots, temperature=temperature,
+               n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=load_user_config().history(no_history_drafts),
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 

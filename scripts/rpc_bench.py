@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--rtt", default="0,1,5", help="round trips in ms, comma-separated")
     parser.add_argument("--suite", default="edit,code")
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--first", type=int, default=0, help="skip the first N prompts of each suite (held-out runs)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
@@ -136,7 +137,7 @@ def main() -> None:
     from localspec.bench import load_suites
     from localspec.loader import load
 
-    prompts = [p for p in load_suites(args.suite.split(",")) if p.index < args.prompts]
+    prompts = [p for p in load_suites(args.suite.split(",")) if args.first <= p.index < args.first + args.prompts]
     results: dict = {"entry": args.entry, "max_tokens": args.max_tokens, "runs": {}}
     workers = []
     for _ in range(2):

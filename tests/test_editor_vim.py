@@ -46,7 +46,8 @@ def _require_tools() -> None:
 
 @pytest.fixture(scope="module")
 def editor_server(qwen_coder_path):
-    engine = load(str(qwen_coder_path), n_ctx=8192, calibrate=False, slots=2, history="memory")  # as `localspec serve`
+    engine = load(str(qwen_coder_path), n_ctx=8192, calibrate=False, slots=2, history="memory",
+                  cache_reuse=16)  # as `localspec serve`
     # Greedy (`serve --temp 0`): the plugin sets no temperature, and a sampled suggestion from a 0.5B model
     # would make what Tab inserts a matter of luck.
     running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct", temperature=0.0))

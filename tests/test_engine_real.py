@@ -106,6 +106,25 @@ def test_follow_up_turn_evaluates_only_the_new_tokens(target, weak_draft):
     assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
 
 
+def test_cache_reuse_moves_a_cached_run_in_llama_cpp_and_the_answer_is_the_fresh_one(target):
+    """A prompt whose middle dropped out (an editor's window slid): the cached text after the gap is
+    shifted in llama.cpp's KV cache (its K-shift), not evaluated again, and the greedy answer is the one
+    a fresh cache gives."""
+    vocab = target.vocab
+    head = vocab.tokenize("def add(a, b):\n    return a + b\n\n", add_special=True)
+    gap = vocab.tokenize("def sub(a, b):\n    return a - b\n\n", add_special=False)
+    tail = vocab.tokenize("def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n    return", add_special=False)
+    assert target.can_shift
+    engine = Engine(target, None, EngineOptions(drafter="none", cache_reuse=8))
+    engine.reset()
+    list(engine.generate(head + gap + tail, max_tokens=4))
+    prompt = head + tail
+    events = list(engine.generate(prompt, max_tokens=12))
+    assert events[0].cached == len(prompt) - 1 and events[0].evaluated == 1
+    engine.reset()
+    assert answer_tokens(events) == answer_tokens(engine.generate(prompt, max_tokens=12))
+
+
 def test_cancel_mid_answer_then_the_next_call_works(target):
     engine = Engine(target, None, EngineOptions(drafter="ngram"))
     cancel = threading.Event()

@@ -485,3 +485,27 @@ def test_requests_go_to_the_slot_with_their_prefix_and_a_warm_up_does_not_evict_
     third = [0] + list(range(4, 18))[::-1]  # nothing else in common: the least recently used slot (the warm-up's)
     list(engine.generate(third, max_tokens=1))
     assert engine.kv.seq == 1 and target.seqs[0][:len(again) - 1] == again[:-1]
+
+
+def test_cache_reuse_keeps_a_run_that_moved_and_output_is_unchanged():
+    """An editor's prompt is a window of the file: lines drop out of it (the ring of extra chunks turns
+    over, the window slides), so cached text moves towards the start. With cache reuse a cached run of
+    at least `cache_reuse` tokens that the prompt continues with is moved in the cache instead of
+    evaluated again (llama-server's --cache-reuse); the answer is the one a fresh cache gives (the toy's
+    next token depends on the last two tokens only, so here the moved entries are exact)."""
+    before, dropped, after = [0, 5, 9, 11, 13], [17, 18, 19], list(range(20, 44))
+    engine = Engine(ToyModel(seed=3), None, EngineOptions(drafter="none", learn_costs=False, cache_reuse=8),
+                    cost=CostModel(dict(COST)))
+    list(engine.generate(before + dropped + after, max_tokens=5))
+    prompt = before + after
+    events = list(engine.generate(prompt, max_tokens=30))
+    prefill = events[0]
+    assert prefill.cached == len(prompt) - 1 and prefill.evaluated == 1  # only the pending last token
+    assert engine.kv.tokens[:len(prompt) - 1] == prompt[:-1]  # the cache holds the prompt in order
+    assert _tokens(events) == _plain(prompt, 30)
+    # A run shorter than the minimum is evaluated again; so is everything without cache reuse.
+    for minimum in (40, 0):
+        other = Engine(ToyModel(seed=3), None, EngineOptions(drafter="none", learn_costs=False, cache_reuse=minimum),
+                       cost=CostModel(dict(COST)))
+        list(other.generate(before + dropped + after, max_tokens=5))
+        assert next(iter(other.generate(prompt, max_tokens=1))).cached == len(before)

@@ -81,6 +81,11 @@ class ToyModel:
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         del self.seqs[seq][n_keep:]
 
+    can_shift = True
+
+    def cut(self, p0: int, p1: int, seq: int = 0) -> None:
+        del self.seqs[seq][p0:p1]  # later positions move down, as llama.cpp's K-shift moves them
+
     def chat_template(self):
         return None
 

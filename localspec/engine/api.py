@@ -36,6 +36,7 @@ class EngineOptions:
     calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
     learn_costs: bool = True         # refine those costs with the timings of real rounds
     history_drafts: bool = True      # draft from earlier requests' text (the "history" drafter)
+    cache_reuse: int = 0             # reuse cached runs of at least this many tokens that moved (0: prefix only)
 
 
 class Engine:
@@ -224,10 +225,12 @@ class Engine:
 
     def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
         """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
-        one); the longest cached prefix is kept."""
+        one); the longest cached prefix is kept, and with `cache_reuse` the cached runs that moved."""
         self.kv, reuse = self.slot_for(prompt)
         self._requests += 1
         self.kv.last_used = self._requests
+        if self.options.cache_reuse:
+            reuse = self.kv.reuse(prompt, self.options.cache_reuse)
         keep = min(reuse, len(prompt) - 1)
         self.kv.rewind(keep)
         self.kv.extend(prompt[keep:-1])
@@ -322,6 +325,7 @@ def load_files(
     calibrate: bool = True,
     slots: int = 1,
     history: str = "saved",
+    cache_reuse: int = 0,
     target_devices: tuple[int, ...] = (),
     tensor_split: tuple[float, ...] = (),
     placement: str = "",
@@ -358,7 +362,7 @@ def load_files(
             self_model = Model(Path(self_draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
                                                                    n_gpu_layers=draft_gpu_layers))
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
-                                history_drafts=history != "off")
+                                history_drafts=history != "off", cache_reuse=cache_reuse)
         return Engine(target, draft_model, options, self_draft=self_model,
                       history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:

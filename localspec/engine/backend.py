@@ -461,6 +461,19 @@ class Model(_Metadata):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model."""
+        return bool(L.llama_memory_can_shift(self._memory))
+
+    def cut(self, p0: int, p1: int, seq: int = 0) -> None:
+        """Remove positions p0..p1-1 of sequence `seq` and move every later one down by p1 - p0 (their
+        keys are rotated to the new positions: llama-server's --cache-reuse)."""
+        if not L.llama_memory_seq_rm(self._memory, seq, p0, p1):
+            L.llama_memory_clear(self._memory, True)
+            raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
+        L.llama_memory_seq_add(self._memory, seq, p1, -1, p0 - p1)
+
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
 

@@ -57,5 +57,29 @@ class KvSequence:
         missing = list(context[keep:])
         return self.extend(missing, [len(missing) - 1])[0]
 
+    def reuse(self, prompt: Sequence[int], min_chunk: int) -> int:
+        """Keep what the cache holds of `prompt`: its common prefix, then each later run of at least
+        `min_chunk` cached tokens that the prompt continues with, moved down to where the prompt has
+        it (llama-server's --cache-reuse: an editor's prompt is the file around the cursor, and the text
+        after the cursor moves by what was typed). Returns how many of the prompt's tokens it holds.
+        `min_chunk` 0, or a model whose cache cannot be shifted: the common prefix only."""
+        n = common_prefix(self.tokens, prompt)
+        if min_chunk <= 0 or not getattr(self.model, "can_shift", False):
+            return n
+        while n < len(prompt) and n < len(self.tokens):
+            held = np.asarray(self.tokens[n + 1:], dtype=np.int64)
+            moved = None
+            for j in np.flatnonzero(held == prompt[n]) + n + 1:
+                run = common_prefix(self.tokens[j:j + len(prompt) - n], prompt[n:])
+                if run >= min_chunk:
+                    moved = int(j)
+                    break
+            if moved is None:
+                break
+            self.model.cut(n, moved, seq=self.seq)
+            del self.tokens[n:moved]
+            n += common_prefix(self.tokens[n:], prompt[n:])
+        return n
+
     def reset(self) -> None:
         self.rewind(0)

@@ -23,6 +23,7 @@ class ModelDrafter(Drafter):
 
     max_len = 7            # longest draft: a verify batch of 8, a calibrated size (adaptive.CALIBRATION_SIZES)
     plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
+    probe_share = 0.05     # a probe's catch-up may cost at most this share of the rest of the answer, plain
 
     def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
                  prior: float = 0.7, learn_costs: bool = True):
@@ -79,24 +80,33 @@ class ModelDrafter(Drafter):
         return Offer(k, rate)
 
     def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
-        """Never for a drafter that cannot pay on this machine even when nearly always right."""
+        """Never for a drafter that cannot pay on this machine even when nearly always right, nor one
+        whose catch-up would cost more than `probe_share` of decoding the rest of the answer plainly: a
+        probe is a guess at what the drafter might do, and with the target on RPC workers (a verify batch
+        dear, a draft token cheap) probes that each caught up a whole prompt cost 5-20% of short answers
+        that never drafted (scripts/rpc_bench.py)."""
         k, rate = best_length([self.plausible_best] * self.max_len, plan.cost, self.cost.per_token_s)
-        if k > 0 and self.catch_up_pays(context, rate, plan):
-            return Offer(1, rate)
-        return None
+        if k == 0:
+            return None
+        if self.behind(context) * self._catch_up_per_position(plan) > self.probe_share * plan.budget * plan.cost.verify(1):
+            return None
+        return Offer(1, rate) if self.catch_up_pays(context, rate, plan) else None
+
+    def _catch_up_per_position(self, plan: Plan) -> float:
+        """A catch-up is a batched prefill: priced as the target's per-position cost in its largest
+        calibrated batch, scaled by how much cheaper a draft token is than a target token."""
+        cost = plan.cost
+        largest = max(cost.verify_s)
+        return cost.verify(largest) / largest * self.cost.per_token_s / cost.verify(1)
 
     def catch_up_pays(self, context: Sequence[int], rate: float, plan: Plan) -> bool:
         """Whether drafting at `rate` tokens/s over the rest of the answer repays bringing the cache up
-        to date first. A catch-up is a batched prefill: priced as the target's per-position cost in its
-        largest calibrated batch, scaled by how much cheaper a draft token is than a target token."""
+        to date first."""
         behind = self.behind(context)
         if behind <= 2:
             return True
-        cost = plan.cost
-        largest = max(cost.verify_s)
-        per_position = cost.verify(largest) / largest * self.cost.per_token_s / cost.verify(1)
-        saving_per_token = 1.0 / cost.plain_tokens_per_s - 1.0 / rate
-        return saving_per_token * plan.budget > behind * per_position
+        saving_per_token = 1.0 / plan.cost.plain_tokens_per_s - 1.0 / rate
+        return saving_per_token * plan.budget > behind * self._catch_up_per_position(plan)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
