@@ -301,3 +301,19 @@ def test_a_request_whose_client_left_while_it_waited_in_the_queue_is_never_run()
         hold.set()
         running.stop()
         served.scheduler.close()
+
+
+@pytest.mark.parametrize("samplers, chain", [
+    (["top_k", "top_p", "infill"], ("top_k", "top_p", "infill")),   # llama.vim's completions
+    ("kpi", ("top_k", "top_p", "infill")),                           # llama.cpp's letters
+    (["dry", "min_p", "temperature"], ("min_p", "temperature")),     # steps the engine lacks are left out
+    ([], ()),                                                        # an empty chain: no filters
+])
+def test_a_requests_sampler_chain_reaches_the_engine(samplers, chain):
+    engine = ScriptedEngine()
+    with client_for(engine) as c:
+        r = c.post("/infill", json={"input_prefix": "def f(", "input_suffix": ")\n", "n_predict": 4,
+                                    "samplers": samplers, "top_k": 40, "top_p": 0.9})
+        assert r.status_code == 200, r.text
+        c.app.state.served.scheduler.close()
+    assert engine.calls[-1]["sampling"].samplers == chain

@@ -21,7 +21,7 @@ from localspec.engine.contract import ServedEngine, available_drafters, unavaila
 from localspec.engine.drafters import Drafter, Sources, build
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
-from localspec.engine.sampling import Sampler, SamplingSettings
+from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
 from localspec.engine.speculative import Planner, speculate
 from localspec import paths
@@ -184,7 +184,7 @@ class Engine:
         prefill = self._prefill(prompt, planner, t0)
         yield prefill
 
-        sampler, stream, tally = Sampler(sampling), TextStream(stop), Tally()
+        sampler, stream, tally = Sampler(sampling, self._infill_vocab()), TextStream(stop), Tally()
         first_token_s = 0.0
         stop_reason = "cancelled"
         t_start = time.perf_counter()
@@ -211,6 +211,11 @@ class Engine:
                             baseline_tokens_per_s=self.cost.plain_tokens_per_s,
                             drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
                             kv_tokens=len(self.kv.tokens))
+
+    def _infill_vocab(self) -> InfillVocab:
+        vocab = self.target.vocab
+        eot = getattr(vocab, "eot", -1)
+        return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=eot if eot >= 0 else vocab.eos)
 
     def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the

@@ -252,6 +252,7 @@ class Vocab:
         self.type = VOCAB_TYPES.get(L.llama_vocab_type(self._vocab), "unknown")
         self.bos = L.llama_vocab_bos(self._vocab)
         self.eos = L.llama_vocab_eos(self._vocab)
+        self.eot = L.llama_vocab_eot(self._vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.add_eos = bool(L.llama_vocab_get_add_eos(self._vocab))
         self.fim_pre = L.llama_vocab_fim_pre(self._vocab)

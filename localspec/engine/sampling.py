@@ -2,13 +2,14 @@
 
 The target's distribution p and the draft's q go through the same `Sampler.probs`, with the same
 settings and the same token history, so that exact speculative sampling reproduces p.
-Filter order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, then temperature.
+Filter order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, then temperature; a
+request may name its own chain (llama.cpp's `samplers`), including llama.cpp's `infill` sampler.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -22,6 +23,10 @@ class SamplingSettings:
     repeat_penalty: float = 1.0  # 1 = off
     repeat_last_n: int = 64
     seed: int | None = None
+    # llama.cpp's `samplers`: the filters in order, from top_k, top_p, min_p, temperature, infill (others
+    # are not offered); None: the default chain. Temperature 0 is greedy either way: the token with the
+    # highest logit among those the chain keeps.
+    samplers: tuple[str, ...] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -47,9 +52,90 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def filtered_probs(logits: np.ndarray, s: SamplingSettings) -> np.ndarray:
-    """Probabilities over the whole vocabulary after top-k, top-p, min-p and temperature."""
+CHAIN_STEPS = ("top_k", "top_p", "min_p", "temperature", "infill")
+
+
+@dataclass(frozen=True)
+class InfillVocab:
+    """What llama.cpp's infill sampler asks of the vocabulary."""
+
+    is_eog: Callable[[int], bool]
+    piece: Callable[[int], bytes]   # the token's text without special tokens rendered (b"" for those)
+    eot: int                        # the token that ends an infill (EOT, else EOS)
+
+
+def infill_survivors(ids: np.ndarray, logits: np.ndarray, vocab: InfillVocab) -> np.ndarray:
+    """llama.cpp's infill sampler (src/llama-sampler.cpp, llama_sampler_infill_apply) on candidates in
+    order of probability: the candidates it keeps. When end-of-generation tokens carry more than a third
+    of the average text token's probability (3 * p_eog * n > p_text), only they are kept: the
+    completion ends. Otherwise a token whose text begins another candidate's absorbs that one's
+    probability (the likelier keeps it), candidates below 0.2 go, then those below 1 / (n + 1) of what
+    is left (end-of-generation tokens always stay); none left but those: the EOT token alone. What is
+    sampled after it comes from the survivors' logits, so this returns the survivors."""
+    p = softmax(logits)
+    eog = np.array([vocab.is_eog(int(t)) for t in ids], dtype=bool)
+    if 3 * p[eog].sum() * len(ids) > p[~eog].sum():
+        return ids[eog]
+    alive = np.ones(len(ids), dtype=bool)
+    pieces = [vocab.piece(int(t)) for t in ids]
+    for i0 in range(len(ids)):
+        for i1 in range(len(ids)):
+            if not alive[i0]:
+                break
+            if i0 == i1 or not alive[i1]:
+                continue
+            a, b = pieces[i0], pieces[i1]
+            if a and len(a) <= len(b) and b.startswith(a):
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                p[src] = 0.0
+                alive[src] = False
+    keep = alive & ((p >= 0.2) | eog)
+    if not (keep & ~eog).any():
+        return np.array([vocab.eot], dtype=ids.dtype)
+    p = np.where(keep, p, 0.0) / p[keep].sum()
+    keep &= (p >= 1.0 / (np.count_nonzero(keep & ~eog) + 1)) | eog
+    return ids[keep]
+
+
+def _chain(logits: np.ndarray, s: SamplingSettings, infill: InfillVocab | None) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates a request's own chain keeps, in order of logit, and their logits (temperature
+    applied where the chain has it)."""
+    steps = s.samplers or ()
+    if steps and steps[0] == "top_k" and 0 < s.top_k < len(logits):  # the usual start: no full sort
+        top = np.argpartition(-logits, s.top_k - 1)[:s.top_k]
+        ids = top[np.argsort(-logits[top], kind="stable")]
+    else:
+        ids = np.argsort(-logits, kind="stable")
+    values = logits[ids].astype(np.float64)
+    for step in steps:
+        if step == "top_k" and 0 < s.top_k < len(ids):
+            ids, values = ids[:s.top_k], values[:s.top_k]
+        elif step == "top_p" and s.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(softmax(values)), s.top_p, side="left")) + 1
+            ids, values = ids[:keep], values[:keep]
+        elif step == "min_p" and s.min_p > 0.0:
+            keep = max(1, int(np.count_nonzero(softmax(values) >= s.min_p * softmax(values)[0])))
+            ids, values = ids[:keep], values[:keep]
+        elif step == "temperature" and s.temperature > 0:
+            values = values / s.temperature
+        elif step == "infill" and infill is not None:
+            survivors = infill_survivors(ids, values, infill)
+            position = {int(t): i for i, t in enumerate(ids)}
+            values = np.array([values[position[int(t)]] if int(t) in position else 0.0 for t in survivors])
+            ids = survivors
+    return ids, values
+
+
+def filtered_probs(logits: np.ndarray, s: SamplingSettings, infill: InfillVocab | None = None) -> np.ndarray:
+    """Probabilities over the whole vocabulary after top-k, top-p, min-p and temperature (or the
+    request's own chain)."""
     n = logits.shape[-1]
+    if s.samplers is not None:
+        ids, values = _chain(logits, s, infill)
+        probs = np.zeros(n, dtype=np.float64)
+        probs[ids] = softmax(values)
+        return probs
     k = s.top_k if 0 < s.top_k < n else n
     candidates = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
     cand_logits = logits[candidates].astype(np.float64)
@@ -73,8 +159,9 @@ def filtered_probs(logits: np.ndarray, s: SamplingSettings) -> np.ndarray:
 class Sampler:
     """Sampling settings plus the random stream of one generation."""
 
-    def __init__(self, settings: SamplingSettings):
+    def __init__(self, settings: SamplingSettings, infill: InfillVocab | None = None):
         self.settings = settings
+        self.infill = infill
         self.rng = np.random.default_rng(settings.seed)
 
     @property
@@ -89,10 +176,14 @@ class Sampler:
         return penalize(logits, self.recent(history), self.settings.repeat_penalty)
 
     def argmax(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        return int(np.argmax(self.adjusted(logits, history)))
+        adjusted = self.adjusted(logits, history)
+        if self.settings.samplers is not None and "infill" in self.settings.samplers:
+            ids, values = _chain(adjusted, self.settings, self.infill)
+            return int(ids[int(np.argmax(values))])
+        return int(np.argmax(adjusted))
 
     def probs(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        return filtered_probs(self.adjusted(logits, history), self.settings)
+        return filtered_probs(self.adjusted(logits, history), self.settings, self.infill)
 
     def draw(self, probs: np.ndarray) -> int:
         return int(self.rng.choice(len(probs), p=probs / probs.sum()))

@@ -45,6 +45,20 @@ class SamplingFields(Loose):
     draft_len: int | None = Field(None, ge=0, le=32)
 
 
+_SAMPLER_NAMES = {"top_k": "top_k", "top-k": "top_k", "k": "top_k", "top_p": "top_p", "top-p": "top_p", "p": "top_p",
+                  "nucleus": "top_p", "min_p": "min_p", "min-p": "min_p", "m": "min_p", "temperature": "temperature",
+                  "temp": "temperature", "t": "temperature", "infill": "infill", "i": "infill"}
+
+
+def sampler_chain(samplers: list[str] | str | None) -> tuple[str, ...] | None:
+    """llama.cpp's `samplers` (names, or a string of their letters as in "kpi") as the engine's chain;
+    steps the engine does not offer (dry, xtc, typ_p, …) are left out, as llama.cpp leaves out unknown names."""
+    if samplers is None:
+        return None
+    names = list(samplers) if isinstance(samplers, str) else samplers
+    return tuple(_SAMPLER_NAMES[n.lower()] for n in names if n.lower() in _SAMPLER_NAMES)
+
+
 def compact(obj: Any) -> bytes:
     """llama.vim matches `"content"\\s*:"`: no spaces after separators."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
@@ -105,6 +119,7 @@ class Served:
             min_p=d.min_p if f.min_p is None else f.min_p,
             repeat_penalty=d.repeat_penalty if f.repeat_penalty is None else f.repeat_penalty,
             seed=f.seed if f.seed is not None else seed,
+            samplers=sampler_chain(getattr(f, "samplers", None)),
         )
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,

@@ -33,6 +33,7 @@ class CompletionRequest(SamplingFields):
     n_cmpl: int | None = Field(None, ge=1, le=16)
     n: int | None = Field(None, ge=1, le=16)
     model: str | None = None
+    samplers: list[str] | str | None = None  # llama.cpp's chain, e.g. llama.vim's ["top_k", "top_p", "infill"]
 
 
 class InfillRequest(CompletionRequest):
