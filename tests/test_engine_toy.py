@@ -11,7 +11,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
-from toy import ToyModel
+from toy import TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -113,15 +113,8 @@ def test_sampling_reproduces_the_target_distribution():
     """Two-token continuations at temperature 1: speculative with a deliberately wrong draft vs exact p."""
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     prompt = [0, 5, 6]
-    toy = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)
-    target = ToyModel(**toy)
-
-    def softmax(logits):
-        e = np.exp(logits - logits.max())
-        return e / e.sum()
-
-    p1 = softmax(target.logits_at(prompt))
-    exact = {(a, b): p1[a] * softmax(target.logits_at(prompt + [a]))[b] for a in range(8) for b in range(8)}
+    toy = TWO_TOKEN_TOY
+    exact = exact_two_tokens(prompt, **toy)
 
     engine = Engine(ToyModel(**toy), ToyModel(**toy, noise_seed=9, noise=3.0),
                     EngineOptions(drafter="model", draft_len=3, learn_costs=False),

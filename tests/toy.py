@@ -91,3 +91,20 @@ class ToyModel:
 
     def close(self):
         pass
+
+
+TWO_TOKEN_TOY = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)  # small enough to enumerate
+
+
+def exact_two_tokens(prompt: list[int], **toy) -> dict[tuple[int, int], float]:
+    """The exact distribution of the first two tokens sampled at temperature 1 after `prompt`, for the
+    exactness checks of speculative sampling."""
+    target = ToyModel(**toy)
+
+    def softmax(logits):
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
+
+    p1 = softmax(target.logits_at(prompt))
+    n = target.n_vocab
+    return {(a, b): p1[a] * softmax(target.logits_at(prompt + [a]))[b] for a in range(n) for b in range(n)}
