@@ -395,7 +395,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @cli.command()
 @click.argument("entry_id", required=False)
 @click.option("--drafter", default="auto", show_default=True,
-              help="Drafters to compare with plain decoding: auto, model, ngram, self, or 'all'; comma-separated.")
+              help=f"Drafters to compare with plain decoding: {', '.join(DRAFTER_SETTINGS[:-1])}, or 'all'; comma-separated.")
 @click.option("--suite", "suites", default="code,edit,chat,creative", show_default=True,
               help="Prompt suites (8 prompts each: code, edit, chat, creative), and 'sessions' (related requests "
                    "in order: follow-up edits, regenerations, quotes, repeated tool output), comma-separated.")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from localspec import paths
 from localspec.engine import adaptive
 from localspec.engine.adaptive import CostModel
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
@@ -24,7 +25,6 @@ from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
 from localspec.engine.speculative import Planner, speculate
-from localspec import paths
 from localspec.errors import ContextOverflowError, LocalspecError
 
 
@@ -87,10 +87,6 @@ class Engine:
     def drafter(self, name: str) -> Drafter | None:
         """The registered drafter of that name, if this engine has it."""
         return next((d for d in self._drafters if d.name == name), None)
-
-    def drafter_reports(self) -> dict[str, dict[str, object]]:
-        """What each drafter reports about itself (sizes, costs, warnings), for doctor and /props."""
-        return {d.name: d.report() for d in self._drafters}
 
     @property
     def warnings(self) -> list[str]:

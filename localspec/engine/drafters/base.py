@@ -93,7 +93,7 @@ class Drafter:
         """The engine is closing: persist what should outlive it."""
 
     def report(self) -> dict[str, object]:
-        """Figures for `localspec doctor` and the server's /props (sizes, counts)."""
+        """Figures about itself (sizes, counts); a "warning" there is shown to the user at load."""
         return {}
 
 

@@ -290,7 +290,6 @@ class HistoryDrafter(Drafter):
         self.warning = warning            # why a stored index was not used, for the front doors to show
         self.recording = True
         self.acceptance = CopyAcceptance(priors=HISTORY_COPY_PRIORS, classes=HISTORY_AGE_CLASSES)
-        self._chances: list[float] = []
         self._dirty = False
         self._saved_at = time.monotonic()
 
