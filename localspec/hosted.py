@@ -10,12 +10,16 @@ next request loads a new child (failing with the same clear error while the work
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from localspec import errors
+from localspec import errors, paths
 from localspec.engine.events import Event
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import EngineUnavailableError, LocalspecError
@@ -24,8 +28,14 @@ _ERRORS = {cls.__name__: cls for cls in (LocalspecError, errors.ContextOverflowE
                                          errors.ModelFileError, errors.IncompatiblePairError, errors.UnknownIdError)}
 
 
-def _child(conn, entry: str, options: dict[str, Any]) -> None:
-    """The engine's process: load, then answer requests until told to close or the pipe breaks."""
+def _child(conn, entry: str, options: dict[str, Any], log: str) -> None:
+    """The engine's process: load, then answer requests until told to close or the pipe breaks. Its
+    stderr goes to `log` (the parent may be drawing a terminal UI; ggml's last words land there)."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would attach gdb to print a backtrace when it aborts
     import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
     from localspec.loader import load
@@ -67,6 +77,36 @@ def _generate(conn, engine, prompt, options: dict[str, Any]) -> None:
                    type(exc).__name__ if isinstance(exc, LocalspecError) else "RuntimeError"))
 
 
+@contextlib.contextmanager
+def _stderr_with_a_file():
+    """multiprocessing hands sys.stderr's file descriptor to its helper process; a terminal UI replaces
+    sys.stderr with an object that has none ("bad value(s) in fds_to_keep"): lend it /dev/null."""
+    try:
+        usable = sys.stderr is not None and sys.stderr.fileno() >= 0
+    except (AttributeError, OSError, ValueError):
+        usable = False
+    if usable:
+        yield
+        return
+    saved = sys.stderr
+    with open(os.devnull, "w") as null:
+        sys.stderr = null
+        try:
+            yield
+        finally:
+            sys.stderr = saved
+
+
+def _last_words(log: Path) -> str:
+    """ggml's abort message ("…/ggml-rpc.cpp:566: Remote RPC server crashed or …"), without the path."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [m.group(1) for line in lines if (m := re.search(r"\.(?:c|cpp):\d+: (.+)", line))]
+    return said[-1].strip()[:200] if said else ""
+
+
 class HostedEngine:
     """A `ServedEngine` whose engine runs in a child process (see the module's docstring)."""
 
@@ -87,9 +127,11 @@ class HostedEngine:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process that holds llama.cpp threads
         self._conn, child = context.Pipe()
-        self._proc = context.Process(target=_child, args=(child, self.entry, self._options), daemon=True,
-                                     name="localspec-engine")
-        self._proc.start()
+        self._log = paths.ensure(paths.cache_dir() / "logs") / "engine.log"
+        self._proc = context.Process(target=_child, args=(child, self.entry, self._options, str(self._log)),
+                                     daemon=True, name="localspec-engine")
+        with _stderr_with_a_file():
+            self._proc.start()
         child.close()
         try:
             kind, *payload = self._conn.recv()
@@ -129,9 +171,11 @@ class HostedEngine:
         self._proc = self._conn = None
         down = [w for w in self.workers if not reachable(w)]
         who = f"The RPC worker {', '.join(down)}" if down else "An RPC worker"
+        said = _last_words(self._log)
         return EngineUnavailableError(
-            f"{who} stopped answering {when}, and llama.cpp ended the engine's process. The model is loaded again "
-            f"at the next request{' (once the worker is back)' if down else ''}.")
+            f"{who} stopped answering {when}, and llama.cpp ended the engine's process"
+            f"{f' ({said})' if said else ''}. The model is loaded again at the next request"
+            f"{' (once the worker is back)' if down else ''}.")
 
     # ------------------------------------------------------------------ the contract
 

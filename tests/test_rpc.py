@@ -171,6 +171,7 @@ def test_a_worker_killed_mid_answer_is_named_and_the_engine_reloads_when_it_is_b
                         two_workers[1].stop()
         assert len(rounds) >= 3  # what was streamed before the worker died stays delivered
         assert f"The RPC worker {endpoints[1]} stopped answering in the middle of an answer" in str(failure.value)
+        assert "Remote RPC server crashed" in str(failure.value)  # ggml's last words, from the engine's log
         with pytest.raises(EngineUnavailableError, match=f"{endpoints[1]} is not reachable"):
             list(engine.chat(prompt, max_tokens=4))
         revived = subprocess.Popen([sys.executable, "-m", "localspec.cli", "rpc-worker", "--port",
@@ -215,3 +216,23 @@ def test_the_server_answers_503_while_a_worker_is_down_and_stays_up(smollm2_path
     finally:
         running.stop()
         running.served.scheduler.close()
+
+
+@needs_rpc
+@pytest.mark.model
+def test_the_engine_process_starts_under_a_terminal_ui(smollm2_path, two_workers, monkeypatch):
+    """Textual replaces sys.stderr with an object without a file descriptor, which multiprocessing would
+    hand to its helper process ("bad value(s) in fds_to_keep", seen in `chat --rpc`)."""
+    import io
+
+    from localspec.loader import load
+
+    class Capture(io.StringIO):  # as Textual's print capture: a file descriptor of -1
+        def fileno(self) -> int:
+            return -1
+
+    monkeypatch.setattr(sys, "stderr", Capture())
+    with load(str(smollm2_path), n_ctx=512, calibrate=False, history="off",
+              rpc=[w.endpoint for w in two_workers]) as engine:
+        events = list(engine.chat([{"role": "user", "content": "Hi"}], max_tokens=4, drafter="none"))
+    assert events[-1].generated_tokens == 4
