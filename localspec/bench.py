@@ -248,11 +248,11 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
         progress(f"[{done}/{total}] {run.prompt:11} T={run.temperature:<3} {run.variant:24} {run.tokens_per_s:6.1f} tok/s"
                  f"  {run.accepted}/{run.drafted} accepted  (about {eta / 60:.1f} min left)")
 
+    _history_recording(engine, False)  # a variant must not draft from another's answer to the same prompt
     try:
         for n, prompt in enumerate(prompts):
             tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
             order = sides if n % 2 == 0 else sides[::-1]
-            _history_recording(engine, False)  # a variant must not draft from another's answer to this prompt
             for t, temperature in enumerate(temperatures):
                 for r in range(repeat):
                     for variant in order:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from localspec import errors, paths
-from localspec.engine.events import Event
+from localspec.engine.events import Event, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import EngineUnavailableError, LocalspecError
 
@@ -244,7 +244,7 @@ class HostedEngine:
                     kind, *payload = conn.recv()
                     if kind == "event":
                         yield payload[0]
-                        if payload[0].__class__.__name__ == "Summary":
+                        if isinstance(payload[0], Summary):
                             self._info["baseline_tokens_per_s"] = payload[0].baseline_tokens_per_s
                     elif kind == "done":
                         finished = True

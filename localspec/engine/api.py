@@ -91,7 +91,7 @@ class Engine:
     @property
     def warnings(self) -> list[str]:
         """Problems met at load that the user should hear about (a stored history ignored, say)."""
-        return [str(w) for d in self._drafters if (w := d.report().get("warning"))]
+        return [d.warning for d in self._drafters if d.warning]
 
     @property
     def baseline_tokens_per_s(self) -> float:

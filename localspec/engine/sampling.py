@@ -115,7 +115,8 @@ def _chain(logits: np.ndarray, s: SamplingSettings, infill: InfillVocab | None) 
             keep = int(np.searchsorted(np.cumsum(softmax(values)), s.top_p, side="left")) + 1
             ids, values = ids[:keep], values[:keep]
         elif step == "min_p" and s.min_p > 0.0:
-            keep = max(1, int(np.count_nonzero(softmax(values) >= s.min_p * softmax(values)[0])))
+            p = softmax(values)
+            keep = max(1, int(np.count_nonzero(p >= s.min_p * p[0])))
             ids, values = ids[:keep], values[:keep]
         elif step == "temperature" and s.temperature > 0:
             values = values / s.temperature

@@ -60,6 +60,7 @@ class Drafter:
     A drafter must implement `offer` and may use the other hooks; the defaults do nothing."""
 
     name = "drafter"
+    warning: str | None = None  # a problem met at load that the user should hear about
 
     def start(self, prompt: Sequence[int]) -> None:
         """A new request with this prompt: reset what is per request."""
@@ -92,9 +93,6 @@ class Drafter:
     def close(self) -> None:
         """The engine is closing: persist what should outlive it."""
 
-    def report(self) -> dict[str, object]:
-        """Figures about itself (sizes, counts); a "warning" there is shown to the user at load."""
-        return {}
 
 
 @dataclass

@@ -348,13 +348,6 @@ class HistoryDrafter(Drafter):
     def close(self) -> None:
         self.save()
 
-    def report(self) -> dict[str, object]:
-        return {"documents": self.index.n_documents, "tokens": self.index.n_tokens,
-                "max_tokens": self.index.max_tokens, "memory_bytes": self.index.memory_bytes,
-                "file": str(self.file) if self.file else None,
-                "file_bytes": self.file.stat().st_size if self.file and self.file.exists() else 0,
-                **({"warning": self.warning} if self.warning else {})}
-
 
 def load_index(file: Path, key: str, n_vocab: int, max_tokens: int = MAX_TOKENS) -> tuple[SuffixIndex, str | None]:
     """The stored index, or an empty one and why the stored one could not be used."""

@@ -113,9 +113,6 @@ class ModelDrafter(Drafter):
         if draft.per_token_s is not None and self.learn_costs:
             self.cost.observe(1, draft.per_token_s)
 
-    def report(self) -> dict[str, object]:
-        return {"ms_per_token": round(self.cost.per_token_s * 1000, 2)}
-
     # ------------------------------------------------------------------ drafting
 
     @property
