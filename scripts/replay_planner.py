@@ -3,13 +3,14 @@
 A greedy answer does not depend on how it was drafted (up to llama.cpp's batched-kernel rounding), so
 once the plain answers and the target's verify costs are recorded, any n-gram planning policy can be
 replayed against them: each round's draft is kept as far as it agrees with the recorded answer, and
-costs the recorded price of verifying its batch. On the edit suite the replay predicted 1.47x where
-`localspec bench` measured 1.54x (two repeats; single runs of nearly the same planner 1.41-1.47x):
-use it to rank ideas, and the bench to measure them. It replays n-gram drafting only (copies,
+costs the recorded price of verifying its batch. On the edit suite the replay predicted 1.31x where
+`localspec bench` measured 1.39x (two repeats, AVX-512 build): use it to rank ideas, and the bench
+to measure them; check an idea on `--prompts scripts/heldout_edit.yaml` too, edits nothing was tuned on. It replays n-gram drafting only (copies,
 renames, session openings), which is all that pays on a CPU.
 
     python scripts/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
     python scripts/replay_planner.py replay answers.json
+    python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout.json --prompts scripts/heldout_edit.yaml
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import statistics
 import sys
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
+import yaml
 
 from localspec.engine.adaptive import CostModel, measure_verify_costs
 from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.speculative import Planner
 
 
-def record(entry: str, out: str, suites: list[str], max_tokens: int) -> None:
+def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None) -> None:
     from localspec import load
-    from localspec.bench import load_suites
+    from localspec.bench import Prompt, load_suites
     from localspec.engine.events import answer_tokens
     from localspec.engine.sampling import SamplingSettings
 
@@ -36,7 +38,13 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int) -> None:
     vocab = engine.target.vocab
     data = {"eos": vocab.eos, "control": [t for t in range(vocab.n_tokens) if vocab.is_control(t)],
             "verify_s": {}, "answers": []}
-    for prompt in load_suites(suites):
+    if prompts_file:
+        with open(prompts_file, encoding="utf-8") as f:
+            spec = yaml.safe_load(f)
+        prompts = [Prompt(spec["name"], i, text) for i, text in enumerate(spec["prompts"])]
+    else:
+        prompts = load_suites(suites)
+    for prompt in prompts:
         messages = [{"role": "user", "content": prompt.text}]
         events = list(engine.chat(messages, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
                                   drafter="none"))
@@ -89,11 +97,13 @@ def main() -> None:
     rec.add_argument("out")
     rec.add_argument("--suite", default="edit,code,creative")
     rec.add_argument("--max-tokens", type=int, default=128)
+    rec.add_argument("--prompts", default=None, help="a YAML file of prompts instead of the bench's suites "
+                     "(scripts/heldout_edit.yaml: edits the planner was not tuned on)")
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
     args = parser.parse_args()
     if args.command == "record":
-        record(args.entry, args.out, args.suite.split(","), args.max_tokens)
+        record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts)
         return
     with open(args.recorded, encoding="utf-8") as f:
         speedups = replay(json.load(f))

@@ -405,19 +405,38 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
     assert other.replacements == {}
 
 
-def test_a_young_copy_is_drafted_short_an_old_one_long():
+def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     from localspec.engine.drafters import CopyDrafter
     from localspec.engine.speculative import Planner
 
-    cost = CostModel({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8})  # long batches nearly free
+    cost = CostModel({1: 1.0, 2: 1.9, 4: 3.2, 8: 5.0, 16: 6.0})  # the shape of a CPU with AVX-512
     source = list(range(100, 140))
-    planner = Planner(mode="ngram", cost=cost, drafters=[CopyDrafter()], learn_costs=False)
+    copies = CopyDrafter()
+    planner = Planner(mode="ngram", cost=cost, drafters=[copies], learn_costs=False)
     planner.start(source)
     young = planner.draft(source + [100, 101, 102], room=100, sampler=None)
-    assert young.age == 3 and 1 <= len(young.tokens) <= 6     # at most twice its age
+    assert young.tokens == []                                 # age 3: kept 75% then 85%..., not worth a batch
     planner.start(source)
     old = planner.draft(source + list(range(100, 112)), room=100, sampler=None)
     assert old.age == 12 and len(old.tokens) == 15
+    # Where young copies have been holding in this request, a young copy is drafted long at once
+    # (no cap by its age: an edit's copy resumes after each edit point).
+    for _ in range(6):
+        copies.acceptance[True].observe(3, 15, 15)
+    resumed = planner.draft(source + [100, 101, 102], room=100, sampler=None)
+    assert resumed.age == 3 and len(resumed.tokens) == 15
+    # One break of an old copy does not price copies out for the rest of the answer (its prior weighs
+    # 16 copied tokens, adaptive.COPY_PRIOR_STRENGTHS); young copies that keep failing are priced out.
+    planner.start(source)
+    copies.acceptance[True].observe(12, 15, 2)
+    assert len(planner.draft(source + list(range(100, 112)), room=100, sampler=None).tokens) == 15
+    flat = Planner(mode="ngram", cost=CostModel({1: 1.0, 2: 1.8, 4: 2.1, 8: 3.2, 16: 3.4}),  # RPC workers' shape
+                   drafters=[copies], learn_costs=False)
+    flat.start(source)
+    assert len(flat.draft(source + [100, 101, 102], room=100, sampler=None).tokens) == 15
+    for _ in range(3):
+        copies.acceptance[True].observe(3, 15, 0)
+    assert flat.draft(source + [100, 101, 102], room=100, sampler=None).tokens == []
 
 
 def test_answers_open_the_way_other_conversations_answers_opened():
@@ -502,3 +521,34 @@ def test_cache_reuse_keeps_a_run_that_moved_and_output_is_unchanged():
                        cost=CostModel(dict(COST)))
         list(other.generate(before + dropped + after, max_tokens=5))
         assert next(iter(other.generate(prompt, max_tokens=1))).cached == len(before)
+
+
+def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path):
+    """A rebuilt llama.cpp (AVX2 -> AVX-512 kernels) halves batch costs: a calibration cached under the
+    old build would price drafts by the old shape."""
+    from localspec.engine.adaptive import calibrated_costs
+    from localspec.engine.backend import ModelOptions
+
+    class Timed:
+        n_vocab, n_ctx = 100, 256
+        options = ModelOptions()
+
+        def __init__(self, path, build):
+            self.path, self.build, self.decodes = path, build, 0
+
+        def decode(self, tokens, start, logits_for):
+            self.decodes += 1
+
+        def truncate(self, n_keep):
+            pass
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    first = Timed(gguf, "avx2")
+    calibrated_costs(first)
+    again = Timed(gguf, "avx2")
+    calibrated_costs(again)
+    rebuilt = Timed(gguf, "avx512")
+    costs = calibrated_costs(rebuilt)
+    assert first.decodes > 0 and again.decodes == 0          # the same build: from the cache
+    assert rebuilt.decodes > 0 and 64 in costs                # another build: measured again, up to 64

@@ -20,10 +20,12 @@ from typing import Callable
 
 from localspec import paths
 
-# Verify batch sizes measured at load. Past 16 a batch costs about as much per position as 16 do on a
-# CPU (32 positions: 1.9x one position's throughput, 16: 1.75x), so only a copy that is nearly sure
-# to be kept whole drafts that long: a regenerated answer drafted from history.
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# Verify batch sizes measured at load, up to the most logits rows one decode returns
+# (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU
+# (AVX-512 build, 2 cores: 16 positions 6x one position's time, 32 10x, 64 18x; AVX2: 16 9x, 32 17x),
+# so only a copy that is nearly sure to be kept whole drafts that long: a regenerated answer drafted
+# from history. scripts/verify_costs.py prints the table for this machine and build.
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass
@@ -146,6 +148,16 @@ class Acceptance:
 AGE_CLASSES = (0, 1, 2, 3, 4, 5, 7, 10)
 PROMPT_COPY_PRIORS = (0.2, 0.3, 0.65, 0.75, 0.85, 0.9, 0.9, 0.96)
 ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
+# How many copied tokens of the request each class's prior weighs. Copies 5 or more tokens old: 16.
+# They were measured over many requests, and an edit's copies break where the edit is, so one break
+# says little about the next copy; with a weight of 2 one early break priced every later copy of that
+# age out, and a copy not drafted never shows otherwise. Younger copies: 2. Whether a fresh match
+# holds depends on the request (an edit's input: 70-84% at ages 2-3; a chat's or a story's: 40-54%),
+# so their record must move their price within a few drafts. scripts/replay_planner.py (AVX-512
+# costs), together with pricing young copies by their record instead of capping them at twice their
+# age: edit suite 1.18x -> 1.32x, held-out edits (scripts/heldout_edit.yaml) 1.30x -> 1.39x; code,
+# chat and creative unchanged.
+COPY_PRIOR_STRENGTHS = tuple(16.0 if age >= 5 else 2.0 for age in AGE_CLASSES)
 
 
 # Copies of an earlier request (the "history" drafter) by age: there the age counts the prompt too, so a
@@ -163,11 +175,12 @@ class CopyAcceptance:
     Position i of a copy drafted at age a is a copied token at age a + i: the same table answers for
     every draft position, so a long copy's later tokens are priced from what copies of that age did,
     not from a position this request has never drafted that far. `classes`: the lower edge of each
-    age class, one prior each.
+    age class, one prior each, weighing `prior_strength` tried tokens (one weight for all classes, or
+    one per class).
     """
 
     priors: tuple[float, ...] = ANSWER_COPY_PRIORS
-    prior_strength: float = 2.0
+    prior_strength: float | tuple[float, ...] = 2.0
     decay: float = 0.97
     classes: tuple[int, ...] = AGE_CLASSES
     tried: list[float] = field(default_factory=list)
@@ -175,6 +188,9 @@ class CopyAcceptance:
 
     def __post_init__(self) -> None:
         assert len(self.priors) == len(self.classes)
+        strength = self.prior_strength
+        self._strengths = tuple(strength) if isinstance(strength, tuple) else (strength,) * len(self.classes)
+        assert len(self._strengths) == len(self.classes)
         if not self.tried:
             self.forget()
 
@@ -183,7 +199,8 @@ class CopyAcceptance:
 
     def rate(self, age: int) -> float:
         c = self._class(age)
-        return (self.kept[c] + self.priors[c] * self.prior_strength) / (self.tried[c] + self.prior_strength)
+        weight = self._strengths[c]
+        return (self.kept[c] + self.priors[c] * weight) / (self.tried[c] + weight)
 
     def rates(self, age: int, k: int) -> list[float]:
         return [self.rate(age + i) for i in range(k)]
@@ -316,6 +333,7 @@ def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> di
     if path is not None and Path(path).exists():
         opts = model.options
         key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
+        key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
         if getattr(opts, "placement", ""):
             key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
         cached = load_cached(key) if enabled else None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
+import hashlib
 import dataclasses
 import os
 import threading
@@ -170,6 +172,12 @@ def system_info() -> str:
 
 def bindings_version() -> str:
     return getattr(L, "__version__", "unknown")
+
+
+@functools.cache
+def build_id() -> str:
+    """Which llama.cpp build computes (version and kernels): a cost measured under another is stale."""
+    return hashlib.sha256(f"{bindings_version()}|{system_info()}".encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- models
@@ -461,6 +469,10 @@ class Model(_Metadata):
         if not L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
+
+    @property
+    def build(self) -> str:
+        return build_id()
 
     @property
     def can_shift(self) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, PROMPT_COPY_PRIORS, CopyAcceptance, best_length,
-                                       margin_for)
+from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, COPY_PRIOR_STRENGTHS, PROMPT_COPY_PRIORS, CopyAcceptance,
+                                       best_length, margin_for)
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
 
@@ -19,13 +19,12 @@ class CopyDrafter(Drafter):
 
     name = "ngram"
     max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)
-    min_len = 3       # a copy may always draft this many, however young
 
     def __init__(self, lookup: NgramDrafter | None = None, openings: OpeningDrafter | None = None):
         self.lookup = lookup or NgramDrafter()
         self.openings = openings
-        self.acceptance = {True: CopyAcceptance(priors=PROMPT_COPY_PRIORS),
-                           False: CopyAcceptance(priors=ANSWER_COPY_PRIORS)}
+        self.acceptance = {True: CopyAcceptance(priors=PROMPT_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS),
+                           False: CopyAcceptance(priors=ANSWER_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS)}
 
     @classmethod
     def build(cls, sources: Sources) -> "CopyDrafter":
@@ -55,11 +54,12 @@ class CopyDrafter(Drafter):
         return max(offers, key=lambda o: (o.length > 0, o.rate)) if offers else None
 
     def _price(self, proposal: Draft, plan: Plan) -> tuple[int, float]:
-        """No longer than twice the copy's age: a copy earns its length (a young one drafted long
-        mostly wasted the batch)."""
+        """Each position priced by what copies of its age did: a young copy's first tokens carry its
+        low rates into every length, so it is drafted long only where long batches cost little more
+        than short ones and young copies have been holding (adaptive.COPY_PRIOR_STRENGTHS)."""
         copies = self.acceptance[proposal.from_prompt]
-        longest = min(len(proposal.tokens), max(self.min_len, 2 * proposal.age))
-        return best_length(copies.rates(proposal.age, longest), plan.cost, 0.0, margin_for(copies.samples(proposal.age)))
+        rates = copies.rates(proposal.age, len(proposal.tokens))
+        return best_length(rates, plan.cost, 0.0, margin_for(copies.samples(proposal.age)))
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         if draft.opening:

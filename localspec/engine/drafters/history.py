@@ -151,6 +151,8 @@ class SuffixIndex:
     def matches(self, context: Sequence[int], most: int = 32) -> tuple[int, np.ndarray]:
         """(n, positions): the longest level whose last-n-tokens of `context` occurred before with
         something after them; the positions of those occurrences' last tokens, latest first."""
+        if not self.n_tokens:  # nothing recorded (history off in the bench's single requests): no hashing
+            return 0, np.zeros(0, dtype=np.int64)
         for n in self.levels:
             if len(context) < n:
                 continue
@@ -278,7 +280,7 @@ class HistoryDrafter(Drafter):
     where a variant must not draft from another variant's answer to the same prompt)."""
 
     name = "history"
-    max_len = 31  # a regenerated answer is kept whole: a verify batch of 32 (adaptive.CALIBRATION_SIZES)
+    max_len = 63  # a regenerated answer is kept whole: a verify batch of 64 (adaptive.CALIBRATION_SIZES)
     min_len = 3
     save_every_s = 10.0
 

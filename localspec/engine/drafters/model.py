@@ -23,7 +23,7 @@ class ModelDrafter(Drafter):
 
     max_len = 7            # longest draft: a verify batch of 8, a calibrated size (adaptive.CALIBRATION_SIZES)
     plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
-    probe_share = 0.05     # a probe's catch-up may cost at most this share of the rest of the answer, plain
+    probe_share = 0.01     # a probe's catch-up may cost at most this share of the rest of the answer, plain
 
     def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
                  prior: float = 0.7, learn_costs: bool = True):
@@ -84,7 +84,9 @@ class ModelDrafter(Drafter):
         whose catch-up would cost more than `probe_share` of decoding the rest of the answer plainly: a
         probe is a guess at what the drafter might do, and with the target on RPC workers (a verify batch
         dear, a draft token cheap) probes that each caught up a whole prompt cost 5-20% of short answers
-        that never drafted (scripts/rpc_bench.py)."""
+        that never drafted (scripts/rpc_bench.py). The catch-up is priced from the target's batch cost,
+        which through workers undercounts a prefill on the client's own cores: with a 5% share, chat and
+        stories through two loopback workers still lost 5-6% to one or two probes per answer."""
         k, rate = best_length([self.plausible_best] * self.max_len, plan.cost, self.cost.per_token_s)
         if k == 0:
             return None
