@@ -9,7 +9,7 @@
 # advertise Intel AMX but fault when it is used, and a native build then crashes in its AMX kernels.
 # AVX-512 (with VNNI, VBMI, BF16 where the CPU lists them) is added when this CPU has it: batched
 # decoding (every verify) runs llama.cpp's AVX-512 kernels at about half the time of its AVX2 ones,
-# while one-token decoding, bound by memory, is unchanged (README, "Performance": build).
+# while one-token decoding, bound by memory, is unchanged (README, "GPU", on the build flags).
 # A wheel is kept per flag set, so a machine without AVX-512 never picks up one built with it.
 # -DGGML_RPC=ON adds llama.cpp's RPC backend: `--rpc` puts a target's layers on other machines running
 # `localspec rpc-worker` (README, "RPC workers"); it costs nothing when unused.

@@ -155,7 +155,7 @@ ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
 # holds depends on the request (an edit's input: 70-84% at ages 2-3; a chat's or a story's: 40-54%),
 # so their record must move their price within a few drafts. scripts/replay_planner.py (AVX-512
 # costs), together with pricing young copies by their record instead of capping them at twice their
-# age: edit suite 1.18x -> 1.32x, held-out edits (scripts/heldout_edit.yaml) 1.30x -> 1.39x; code,
+# age: edit suite 1.18x -> 1.31x, held-out edits (scripts/heldout_edit.yaml) 1.30x -> 1.39x; code,
 # chat and creative unchanged.
 COPY_PRIOR_STRENGTHS = tuple(16.0 if age >= 5 else 2.0 for age in AGE_CLASSES)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import functools
 import hashlib
-import dataclasses
 import os
 import threading
 from dataclasses import dataclass
