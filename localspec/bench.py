@@ -78,9 +78,14 @@ def load_suites(names: Iterable[str]) -> list[Prompt]:
         if name not in SUITES:
             raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join((*SUITES, SESSIONS))}.")
         text = resources.files("localspec").joinpath("bench_prompts", f"{name}.yaml").read_text()
-        for i, p in enumerate(yaml.safe_load(text)["prompts"]):
-            prompts.append(Prompt(name, i, p))
+        prompts.extend(parse_prompts(text, name))
     return prompts
+
+
+def parse_prompts(text: str, suite: str | None = None) -> list[Prompt]:
+    """The prompts of one suite file (`prompts:`), named after `suite` or the file's own `name:`."""
+    data = yaml.safe_load(text)
+    return [Prompt(suite or data["name"], i, p) for i, p in enumerate(data["prompts"])]
 
 
 @dataclass

@@ -5,8 +5,9 @@ once the plain answers and the target's verify costs are recorded, any n-gram pl
 replayed against them: each round's draft is kept as far as it agrees with the recorded answer, and
 costs the recorded price of verifying its batch. On the edit suite the replay predicted 1.31x where
 `localspec bench` measured 1.39x (two repeats, AVX-512 build): use it to rank ideas, and the bench
-to measure them; check an idea on `--prompts scripts/heldout_edit.yaml` too, edits nothing was tuned on. It replays n-gram drafting only (copies,
-renames, session openings), which is all that pays on a CPU.
+to measure them; check an idea on `--prompts scripts/heldout_edit.yaml` too, edits nothing was tuned
+on. It replays n-gram drafting only (copies, renames, session openings), which is all that pays on a
+CPU.
 
     python scripts/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
     python scripts/replay_planner.py replay answers.json
@@ -21,7 +22,6 @@ import statistics
 import sys
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
-import yaml
 
 from localspec.engine.adaptive import CostModel, measure_verify_costs
 from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
@@ -30,7 +30,7 @@ from localspec.engine.speculative import Planner
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None) -> None:
     from localspec import load
-    from localspec.bench import Prompt, load_suites
+    from localspec.bench import load_suites, parse_prompts
     from localspec.engine.events import answer_tokens
     from localspec.engine.sampling import SamplingSettings
 
@@ -40,8 +40,7 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
             "verify_s": {}, "answers": []}
     if prompts_file:
         with open(prompts_file, encoding="utf-8") as f:
-            spec = yaml.safe_load(f)
-        prompts = [Prompt(spec["name"], i, text) for i, text in enumerate(spec["prompts"])]
+            prompts = parse_prompts(f.read())
     else:
         prompts = load_suites(suites)
     for prompt in prompts:
