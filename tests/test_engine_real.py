@@ -76,6 +76,20 @@ def test_greedy_tokens_are_the_targets_argmax(smollm2_path, target, weak_draft, 
     assert s.baseline_tokens_per_s > 0 and s.speedup > 0
 
 
+def test_a_regenerated_greedy_answer_is_replayed_whole_by_llama_cpp(target):
+    """The first answer is decoded one token at a time, the regeneration verified in batches (other
+    kernels, scripts/batch_noise.py): the replay of the recorded answer keeps it token for token."""
+    engine = Engine(target, None, EngineOptions(drafter="auto"))
+    engine.reset()
+    prompt = engine.chat_tokens([{"role": "user", "content": "Describe a lighthouse at night in four sentences."}])
+    first = answer_tokens(engine.generate(prompt, max_tokens=64, drafter="none"))
+    again = list(engine.generate(prompt, max_tokens=64))
+    assert answer_tokens(again) == first and len(first) > 30
+    summary = again[-1]
+    assert summary.accepted_by_drafter.get("history", 0) == summary.drafted == summary.accepted  # none rejected
+    assert summary.rounds * 4 <= len(first)
+
+
 def test_sampling_runs_with_a_real_draft(target, weak_draft):
     from localspec.engine.sampling import SamplingSettings
 

@@ -12,7 +12,7 @@ from localspec.engine.drafters import REGISTRY, HistoryDrafter
 from localspec.engine.drafters.history import SuffixIndex, load_index, model_key, save_index
 from localspec.engine.events import Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
-from localspec.engine.sampling import SamplingSettings
+from localspec.engine.sampling import REPLAY_TOLERANCE, SamplingSettings
 from toy import TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
@@ -82,6 +82,44 @@ def test_a_regenerated_answer_is_drafted_from_history_and_output_is_unchanged():
     assert isinstance(summary, Summary)
     assert summary.accepted_by_drafter["history"] >= len(_tokens(first)) // 2
     assert summary.rounds < len(_tokens(first)) // 2
+
+
+def test_a_greedy_regeneration_replays_the_answer_where_a_batch_would_flip_a_near_tie():
+    """The toy's verify batches move logits a little, as llama.cpp's batched kernels do: the first
+    answer, decoded one token at a time, drafted back from the index and verified strictly parts from
+    itself at a near tie; replayed as the recorded greedy answer to the same context, it is kept whole."""
+    engine = Engine(ToyModel(seed=3, batch_noise=0.15), None, EngineOptions(drafter="auto", learn_costs=False),
+                    cost=CostModel(dict(COST)))
+    prompt = [0, 5, 9, 11]
+    first = _tokens(engine.generate(prompt, max_tokens=60, drafter="none"))
+    again = list(engine.generate(prompt, max_tokens=60))
+    assert _tokens(again) == first
+    summary = again[-1]
+    assert summary.accepted_by_drafter["history"] >= len(first) - 5 and summary.rounds <= 5
+    engine.drafter("history").answers.clear()   # the index alone: the same text, verified strictly
+    assert _tokens(engine.generate(prompt, max_tokens=60)) != first
+
+
+def test_a_replay_is_for_the_same_context_only_and_the_target_overrules_a_clear_mistake():
+    engine = _engine(drafter="auto")
+    prompt = [0, 5, 9, 11]
+    first = _tokens(engine.generate(prompt, max_tokens=40))
+    history = engine.drafter("history")
+    (digest, recorded), = history.answers.items()
+    wrong = recorded.copy()
+    row = engine.target.logits_at(prompt + first[:10])
+    wrong[10] = int(np.argmin(row))               # far below the target's choice there
+    assert row.max() - row[wrong[10]] > REPLAY_TOLERANCE
+    history.answers[digest] = wrong
+    again = list(engine.generate(prompt, max_tokens=40))
+    assert _tokens(again) == first
+    assert any(isinstance(e, Round) and wrong[10] in e.rejected for e in again)
+    corrected = history.answers[digest]            # the answer just given replaced the wrong record
+    assert corrected[:len(first)].tolist() == first
+    # Another context (one token more) is its own record; a sampled answer is none.
+    list(engine.generate([*prompt, 7], max_tokens=10))
+    list(engine.generate(prompt, max_tokens=10, sampling=SamplingSettings(temperature=1.0, seed=1)))
+    assert len(history.answers) == 2 and history.answers[digest] is corrected
 
 
 @pytest.mark.parametrize("drafter", ["auto", "history"])

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from localspec.engine.sampling import (
-    Sampler, SamplingSettings, accept_greedy, accept_sampled, filtered_probs, penalize,
+    REPLAY_TOLERANCE, Sampler, SamplingSettings, accept_greedy, accept_replayed, accept_sampled, filtered_probs, penalize,
 )
 
 
@@ -28,6 +28,26 @@ def test_accept_greedy_keeps_the_matching_prefix():
     assert accept_greedy([5, 6, 7], [5, 6, 9, 1]) == (2, 9)
     assert accept_greedy([5, 6], [5, 6, 8]) == (2, 8)
     assert accept_greedy([], [4]) == (0, 4)
+
+
+def test_a_replayed_token_is_kept_within_the_kernels_noise_of_the_best_and_no_further():
+    rows = np.array([[0.0, 5.0, 4.8, 0.0],    # the replayed 2 is 0.2 short of the best: a near tie, kept
+                     [0.0, 0.0, 3.0, 0.0],    # the replayed 2 is the best
+                     [4.0, 0.0, 3.0, 0.0],    # the replayed 2 is 1.0 short: the target's 0 instead
+                     [0.0, 0.0, 0.0, 1.0]])
+    choices = [int(np.argmax(r)) for r in rows]
+    shortfall = lambda i, t: float(rows[i].max() - rows[i][t])  # noqa: E731
+    assert accept_replayed([2, 2, 2], choices, shortfall) == (2, 0)
+    assert accept_replayed([2, 2], choices, shortfall) == (2, 0)
+    assert accept_greedy([2, 2, 2], choices) == (0, 1)           # the strict rule stops at the tie
+    assert 0.16 < REPLAY_TOLERANCE < 1.0  # above scripts/batch_noise.py's largest shortfall, below a clear preference
+
+
+def test_only_a_context_alone_decides_a_replayable_answer():
+    assert SamplingSettings(temperature=0).replayable
+    assert not SamplingSettings(temperature=0.7).replayable
+    assert not SamplingSettings(temperature=0, repeat_penalty=1.1).replayable
+    assert not SamplingSettings(temperature=0, samplers=("top_k", "infill")).replayable
 
 
 def _empirical_first_token(p, q, draft_token_from_q, trials, seed):

@@ -2,7 +2,9 @@
 
 Logits at a position depend on the two previous tokens through fixed random tables. The KV cache is
 a list of tokens; `decode` insists that it continues exactly where the cache ends, so any bookkeeping
-mistake in the engine fails loudly instead of silently using a wrong state.
+mistake in the engine fails loudly instead of silently using a wrong state. `batch_noise` moves the
+logits of calls that evaluate 4 or more positions a little, as llama.cpp's batched kernels do
+(scripts/batch_noise.py), so that near ties can flip between a verify batch and one-token decoding.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class ToyVocab:
 
 class ToyModel:
     def __init__(self, n_vocab: int = 48, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0, noise_seed: int | None = None,
-                 noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1):
+                 noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1, batch_noise: float = 0.0):
         rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -57,6 +59,7 @@ class ToyModel:
             self.a = self.a + nrng.normal(size=self.a.shape) * noise
             self.b = self.b + nrng.normal(size=self.b.shape) * noise
         self.a[:, 1] += eos_bias
+        self.batch_noise = batch_noise
         self.n_seq = n_seq
         self.seqs: dict[int, list[int]] = {s: [] for s in range(n_seq)}  # each sequence's cache (slots)
         self.tokens = self.seqs[0]
@@ -76,7 +79,13 @@ class ToyModel:
         self.evaluated += len(tokens)
         self.calls.append((start, len(tokens)))
         rows = [self.logits_at(held[: start + i + 1]) for i in logits_for]
+        if self.batch_noise and len(tokens) >= 4:
+            rows = [row + self._kernel_noise(held[: start + i + 1]) for row, i in zip(rows, logits_for)]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def _kernel_noise(self, prefix: list[int]) -> np.ndarray:
+        p2 = prefix[-2] if len(prefix) > 1 else 0
+        return (np.random.default_rng([prefix[-1], p2]).uniform(-1, 1, self.n_vocab) * self.batch_noise).astype(np.float32)
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         del self.seqs[seq][n_keep:]

@@ -157,17 +157,17 @@ class Engine:
         finally:
             self._lock.release()
 
-    def planner_for(self, mode: str, fixed: int | None, budget: int | None = None) -> Planner:
+    def planner_for(self, mode: str, fixed: int | None, budget: int | None = None, replayable: bool = False) -> Planner:
         """One planner for the engine's lifetime: what the drafters learned and its probing back-off
         carry over from one request to the next (each drafter decides what restarts per request)."""
         if self._planner is None:
             self._planner = Planner(mode=mode, cost=self.cost, drafters=self._drafters, fixed_len=fixed,
                                     learn_costs=self.options.learn_costs)
-        self._planner.configure(mode, fixed, budget)
+        self._planner.configure(mode, fixed, budget, replayable)
         return self._planner
 
     def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
-        planner = self.planner_for(mode, fixed, max_tokens)
+        planner = self.planner_for(mode, fixed, max_tokens, sampling.replayable)
         planner.start(prompt)
         context = list(prompt)
         try:

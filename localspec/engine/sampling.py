@@ -32,6 +32,12 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def replayable(self) -> bool:
+        """Greedy on the raw logits (no penalty, no infill filter): the answer is a function of the
+        context alone, so an earlier answer to the same context may be replayed (`accept_replayed`)."""
+        return self.greedy and self.repeat_penalty == 1.0 and "infill" not in (self.samplers or ())
+
     def with_(self, **changes) -> "SamplingSettings":
         return replace(self, **changes)
 
@@ -207,6 +213,28 @@ def accept_greedy(draft: Sequence[int], target_choice: Choices) -> tuple[int, in
     """
     n = 0
     while n < len(draft) and draft[n] == target_choice[n]:
+        n += 1
+    return n, int(target_choice[n])
+
+
+# How far below the best logit a replayed token may be. llama.cpp's batched and one-token kernels sum in
+# different orders, so one position's logits differ between a verify batch and one-token decoding (up
+# to ~1.0 here) and a near tie can flip; the one-token choice fell at most 0.16 below the batched best
+# in scripts/batch_noise.py (4 prompts x 64 tokens, batches of 4-64). 0.5 keeps such ties and nothing
+# the target clearly prefers (a gap of 0.5 is odds of 1.65 to 1).
+REPLAY_TOLERANCE = 0.5
+
+
+def accept_replayed(draft: Sequence[int], target_choice: Choices, shortfall: Callable[[int, int], float],
+                    tolerance: float = REPLAY_TOLERANCE) -> tuple[int, int]:
+    """`accept_greedy` for a replayed answer: a draft that is the target's own greedy answer to this same
+    context, recorded when it was decoded before (the history drafter's replay). A token is kept where
+    it is this evaluation's argmax or falls short of the best logit by at most `tolerance`
+    (`shortfall(i, token)`): the kernels' noise between that decoding and this batch, not a choice of
+    the drafter's. Otherwise the target's own token ends the round, as in `accept_greedy`.
+    """
+    n = 0
+    while n < len(draft) and (draft[n] == target_choice[n] or shortfall(n, draft[n]) <= tolerance):
         n += 1
     return n, int(target_choice[n])
 

@@ -20,7 +20,7 @@ from localspec.engine.adaptive import CostModel
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan
 from localspec.engine.kv import KvSequence
-from localspec.engine.sampling import Sampler, accept_greedy, accept_sampled
+from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled
 
 @dataclass
 class Step:
@@ -53,9 +53,11 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
 
         tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
         if sampler.greedy:
-            accepted, token = accept_greedy(
-                draft.tokens, _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i]))
-            )
+            choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i]))
+            if draft.replay and sampler.settings.replayable:
+                accepted, token = accept_replayed(draft.tokens, choices, lambda i, t: float(logits[i].max() - logits[i][t]))
+            else:
+                accepted, token = accept_greedy(draft.tokens, choices)
         else:
             p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i]) for i in range(len(batch))])
             accepted, token = accept_sampled(draft.tokens, p, draft.q, sampler.uniform, sampler.draw)
@@ -101,6 +103,7 @@ class Planner:
     max_probe_every: int = 256
     learn_costs: bool = True
     budget: int = 512           # answer tokens the request may still produce (prices a model drafter's catch-up)
+    replayable: bool = False    # the request's answer is a function of its context alone (Plan.replayable)
     _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter drafted on request
     _waited: int = 0            # rounds without a draft worth making since the last probe
     _probe_wait: int = 0        # rounds to wait before the next probe
@@ -109,11 +112,11 @@ class Planner:
         self.configure(self.mode, self.fixed_len)
         self._probe_wait = self.probe_every
 
-    def configure(self, mode: str, fixed_len: int | None, budget: int | None = None) -> None:
+    def configure(self, mode: str, fixed_len: int | None, budget: int | None = None, replayable: bool = False) -> None:
         """Settings of the next generation."""
         if mode not in DRAFTER_SETTINGS:
             raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_SETTINGS)}")
-        self.mode, self.fixed_len = mode, fixed_len
+        self.mode, self.fixed_len, self.replayable = mode, fixed_len, replayable
         if budget is not None:
             self.budget = budget
 
@@ -126,12 +129,13 @@ class Planner:
 
     @property
     def plan(self) -> Plan:
-        return Plan(cost=self.cost, budget=self.budget, fixed_len=self.fixed_len)
+        return Plan(cost=self.cost, budget=self.budget, fixed_len=self.fixed_len, replayable=self.replayable)
 
     def start(self, prompt: list[int]) -> None:
         """A new request: each drafter resets what it keeps per request."""
+        plan = self.plan
         for d in self.drafters:
-            d.start(prompt)
+            d.start(prompt, plan)
 
     def prefill(self, context: list[int]) -> None:
         plan = self.plan

@@ -29,6 +29,7 @@ class Draft:
     age: int = 0                  # lookups: tokens before the proposal that agree with its source
     from_prompt: bool = False     # n-gram: copied from the prompt (the text being edited), not the answer
     opening: bool = False         # n-gram: how this session's other answers began, not a copy of this context
+    replay: bool = False          # history: the target's own greedy answer to this same context (accept_replayed)
     seconds: float = 0.0
     per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
 
@@ -40,11 +41,13 @@ class Draft:
 @dataclass
 class Plan:
     """What offers are priced with: the target's verify costs, the answer tokens the request may still
-    produce (a model drafter's catch-up must pay for itself over them), and a forced draft length."""
+    produce (a model drafter's catch-up must pay for itself over them), a forced draft length, and
+    whether the request's answer is a function of its context alone (`SamplingSettings.replayable`)."""
 
     cost: CostModel
     budget: int = 512
     fixed_len: int | None = None
+    replayable: bool = False
 
 
 @dataclass
@@ -62,7 +65,7 @@ class Drafter:
     name = "drafter"
     warning: str | None = None  # a problem met at load that the user should hear about
 
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], plan: Plan) -> None:
         """A new request with this prompt: reset what is per request."""
 
     def prefill(self, context: Sequence[int], plan: Plan) -> None:

@@ -31,7 +31,7 @@ class CopyDrafter(Drafter):
         vocab = getattr(sources.target, "vocab", None)
         return cls(NgramDrafter(ends_copy=getattr(vocab, "is_control", None)), OpeningDrafter())
 
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], plan: Plan) -> None:
         self.lookup.reset(prompt_len=len(prompt))
         if self.openings is not None:
             self.openings.start(prompt)

@@ -48,7 +48,7 @@ class ModelDrafter(Drafter):
 
     # ------------------------------------------------------------------ pricing
 
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], plan: Plan) -> None:
         # What earlier requests taught is kept as a prior at reduced weight, so this request's own
         # evidence takes over within a few rounds.
         self.acceptance.tried = [t * 0.3 for t in self.acceptance.tried]
