@@ -552,3 +552,29 @@ def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path):
     costs = calibrated_costs(rebuilt)
     assert first.decodes > 0 and again.decodes == 0          # the same build: from the cache
     assert rebuilt.decodes > 0 and 64 in costs                # another build: measured again, up to 64
+
+
+def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
+    """Right after a load (RPC workers still warming up) decoding can run slow for a while: a size
+    measured only then would look dearer than it is against the others, and drafts would be chosen by
+    a wrong shape. Each repeat passes over every size, so every size gets a settled measurement."""
+    from localspec.engine.adaptive import measure_verify_costs
+
+    settled = {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}
+
+    class Warming:
+        n_vocab, n_ctx = 100, 256
+
+        def __init__(self):
+            self.now = 0.0
+
+        def decode(self, tokens, start, logits_for):
+            n = len(tokens) if logits_for else 0
+            if n in settled:
+                self.now += settled[n] * (3.0 if self.now < 10.0 else 1.0)  # the first seconds: 3x slower
+
+        def truncate(self, n_keep):
+            pass
+
+    model = Warming()
+    assert measure_verify_costs(model, sizes=tuple(settled), repeats=3, clock=lambda: model.now) == settled
