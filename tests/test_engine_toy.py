@@ -578,3 +578,20 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
 
     model = Warming()
     assert measure_verify_costs(model, sizes=tuple(settled), repeats=3, clock=lambda: model.now) == settled
+
+
+def test_a_draft_models_catch_up_is_priced_by_its_own_measured_prefill():
+    """With the target on RPC workers a verify batch is cheap per position and a draft token cheap
+    against a target token, so a catch-up estimated from them looked nearly free and probes caught the
+    draft up on whole chats. The draft model's own prefill, measured at load, prices it."""
+    from localspec.engine.drafters import ModelDrafter
+    from localspec.engine.drafters.base import Plan
+
+    rpc = CostModel({1: 0.056, 2: 0.09, 4: 0.11, 8: 0.166, 16: 0.185, 64: 0.45})  # through two workers at 5 ms
+    context = list(range(4, 44))  # 40 tokens the draft model has not seen
+    plan = Plan(cost=rpc, budget=128)
+    estimated = ModelDrafter(ToyModel(), per_token_s=0.014)
+    measured = ModelDrafter(ToyModel(), per_token_s=0.014, prefill_s=0.006)
+    assert estimated.probe(context, plan) is not None     # 40 x 1.8 ms estimated: within the probe's share
+    assert measured.probe(context, plan) is None          # 40 x 6 ms measured: not
+    assert measured.probe(context[-2:], plan) is not None  # a draft nearly in step is still probed

@@ -299,8 +299,9 @@ def store_cached(key: str, value: dict) -> None:
 
 
 def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 2,
-                         clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
-    """Time decoding n positions (logits for all) after a short context; the cache is left empty.
+                         clock: Callable[[], float] = time.perf_counter, prefill: bool = False) -> dict[int, float]:
+    """Time decoding n positions (logits for all; `prefill`: for the last only, as a prompt or a draft
+    model's catch-up asks) after a short context; the cache is left empty.
 
     Each repeat is a pass over every size, and a size costs the least it took in any pass: a slow
     spell (RPC workers still warming up after the load, another process) then slows every size of
@@ -317,7 +318,7 @@ def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 4
         for n in costs:
             batch = filler[context_tokens:context_tokens + n]
             t0 = clock()
-            model.decode(batch, context_tokens, list(range(n)))
+            model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
             costs[n] = min(costs[n], clock() - t0)
             model.truncate(context_tokens)
     model.truncate(0)
@@ -327,8 +328,9 @@ def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 4
     return costs
 
 
-def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> dict[int, float]:
-    """Verify costs by batch size: from the cache when this model file was measured on this machine."""
+def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False) -> dict[int, float]:
+    """Verify costs by batch size (`prefill`: prefill costs, see `measure_verify_costs`): from the cache
+    when this model file was measured on this machine."""
     path = getattr(model, "path", None)
     key = None
     if path is not None and Path(path).exists():
@@ -337,10 +339,11 @@ def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES) -> di
         key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
         if getattr(opts, "placement", ""):
             key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
+        key += "|prefill" if prefill else ""
         cached = load_cached(key) if enabled else None
         if cached:
             return {int(k): float(v) for k, v in cached.items()}
-    costs = measure_verify_costs(model, sizes=sizes, repeats=3 if enabled else 1)
+    costs = measure_verify_costs(model, sizes=sizes, repeats=3 if enabled else 1, prefill=prefill)
     if key and enabled:
         store_cached(key, {str(k): v for k, v in costs.items()})
     return costs

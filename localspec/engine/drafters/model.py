@@ -24,14 +24,16 @@ class ModelDrafter(Drafter):
     max_len = 7            # longest draft: a verify batch of 8, a calibrated size (adaptive.CALIBRATION_SIZES)
     plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
     probe_share = 0.01     # a probe's catch-up may cost at most this share of the rest of the answer, plain
+    prefill_batch = 64     # positions of the prefill whose cost prices a catch-up, measured at load
 
     def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
-                 prior: float = 0.7, learn_costs: bool = True):
+                 prior: float = 0.7, learn_costs: bool = True, prefill_s: float | None = None):
         self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
         self.kv = KvSequence(model)
         self.p_min = p_min  # stop drafting when the draft's top probability falls below this
         self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
         self.cost = DrafterCost(per_token_s=per_token_s)
+        self.prefill_s = prefill_s  # seconds per position of a catch-up, measured; None: estimated
         self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
         self.learn_costs = learn_costs
 
@@ -40,11 +42,14 @@ class ModelDrafter(Drafter):
         model = sources.draft if name == "model" else sources.self_draft
         if model is None:
             return None
-        per_token = sources.draft_cost_s
+        per_token, prefill = sources.draft_cost_s, None
         if per_token is None:
             per_token = calibrated_costs(model, sources.calibrate, sizes=(1,))[1]
+            n = cls.prefill_batch
+            prefill = calibrated_costs(model, sources.calibrate, sizes=(n,), prefill=True).get(n)
         return cls(model, p_min=sources.p_min, name=name, per_token_s=per_token,
-                   prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs)
+                   prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs,
+                   prefill_s=prefill / cls.prefill_batch if prefill else None)
 
     # ------------------------------------------------------------------ pricing
 
@@ -84,9 +89,7 @@ class ModelDrafter(Drafter):
         whose catch-up would cost more than `probe_share` of decoding the rest of the answer plainly: a
         probe is a guess at what the drafter might do, and with the target on RPC workers (a verify batch
         dear, a draft token cheap) probes that each caught up a whole prompt cost 5-20% of short answers
-        that never drafted (scripts/rpc_bench.py). The catch-up is priced from the target's batch cost,
-        which through workers undercounts a prefill on the client's own cores: with a 5% share, chat and
-        stories through two loopback workers still lost 5-6% to one or two probes per answer."""
+        that never drafted (scripts/rpc_bench.py)."""
         k, rate = best_length([self.plausible_best] * self.max_len, plan.cost, self.cost.per_token_s)
         if k == 0:
             return None
@@ -95,8 +98,13 @@ class ModelDrafter(Drafter):
         return Offer(1, rate) if self.catch_up_pays(context, rate, plan) else None
 
     def _catch_up_per_position(self, plan: Plan) -> float:
-        """A catch-up is a batched prefill: priced as the target's per-position cost in its largest
-        calibrated batch, scaled by how much cheaper a draft token is than a target token."""
+        """A catch-up is a batched prefill on this machine: priced by the draft model's own prefill, measured
+        at load. Without that measurement (a given per-token cost): the target's per-position cost in its
+        largest calibrated batch, scaled by how much cheaper a draft token is than a target token; with
+        the target on RPC workers that undercounts a prefill on the client's cores 2-4x, and probes the
+        estimate let through cost chats and stories 5-23% (scripts/rpc_bench.py at 5 ms)."""
+        if self.prefill_s is not None:
+            return self.prefill_s
         cost = plan.cost
         largest = max(cost.verify_s)
         return cost.verify(largest) / largest * self.cost.per_token_s / cost.verify(1)
