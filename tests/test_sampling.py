@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from localspec.engine.sampling import (
-    REPLAY_TOLERANCE, Sampler, SamplingSettings, accept_greedy, accept_replayed, accept_sampled, filtered_probs, penalize,
+    REPLAY_TOLERANCE, Sampler, SamplingSettings, accept_greedy, accept_replayed, accept_sampled, filtered_probs,
+    penalize,
 )
 
 

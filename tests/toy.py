@@ -85,7 +85,8 @@ class ToyModel:
 
     def _kernel_noise(self, prefix: list[int]) -> np.ndarray:
         p2 = prefix[-2] if len(prefix) > 1 else 0
-        return (np.random.default_rng([prefix[-1], p2]).uniform(-1, 1, self.n_vocab) * self.batch_noise).astype(np.float32)
+        noise = np.random.default_rng([prefix[-1], p2]).uniform(-1, 1, self.n_vocab) * self.batch_noise
+        return noise.astype(np.float32)
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         del self.seqs[seq][n_keep:]

@@ -55,7 +55,8 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
         if sampler.greedy:
             choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i]))
             if draft.replay and sampler.settings.replayable:
-                accepted, token = accept_replayed(draft.tokens, choices, lambda i, t: float(logits[i].max() - logits[i][t]))
+                accepted, token = accept_replayed(draft.tokens, choices,
+                                                  lambda i, t: float(logits[i].max() - logits[i][t]))
             else:
                 accepted, token = accept_greedy(draft.tokens, choices)
         else:
