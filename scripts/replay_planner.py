@@ -12,6 +12,13 @@ CPU.
     python scripts/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
     python scripts/replay_planner.py replay answers.json
     python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout.json --prompts scripts/heldout_edit.yaml
+    python scripts/replay_planner.py record qwen2.5-coder-1.5b followup.json --sessions follow-up
+    python scripts/replay_planner.py replay followup.json --oracle
+
+`--sessions follow-up` records the bench's follow-up sessions: the second request's prompt is the
+conversation with the first answer in it, as `localspec bench --suite sessions` sends it. `--oracle`
+also prints what perfect knowledge would reach: every round drafts exactly the copy that the answer
+goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.speculative import Planner
 
 
-def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None) -> None:
+def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
+           sessions: list[str] = ()) -> None:
     from localspec import load
-    from localspec.bench import load_suites, parse_prompts
+    from localspec.bench import load_sessions, load_suites, parse_prompts
     from localspec.engine.events import answer_tokens
     from localspec.engine.sampling import SamplingSettings
 
@@ -38,18 +46,27 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
     vocab = engine.target.vocab
     data = {"eos": vocab.eos, "control": [t for t in range(vocab.n_tokens) if vocab.is_control(t)],
             "verify_s": {}, "answers": []}
-    if prompts_file:
-        with open(prompts_file, encoding="utf-8") as f:
-            prompts = parse_prompts(f.read())
+    greedy = SamplingSettings(temperature=0)
+    conversations: list[tuple[str, str, list[dict]]] = []  # (id, suite, messages before the recorded answer)
+    if sessions:
+        for session in load_sessions():
+            if session.kind in sessions:  # the first answer, then the follow-up request after it
+                first = [{"role": "user", "content": session.requests[0]}]
+                answer = list(engine.chat(first, max_tokens=max_tokens, sampling=greedy, drafter="none"))[-1].text
+                conversations.append((session.id, session.kind, [*first, {"role": "assistant", "content": answer},
+                                                                 {"role": "user", "content": session.requests[1]}]))
     else:
-        prompts = load_suites(suites)
-    for prompt in prompts:
-        messages = [{"role": "user", "content": prompt.text}]
-        events = list(engine.chat(messages, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
-                                  drafter="none"))
-        data["answers"].append({"id": prompt.id, "suite": prompt.suite, "prompt": engine.chat_tokens(messages),
+        if prompts_file:
+            with open(prompts_file, encoding="utf-8") as f:
+                prompts = parse_prompts(f.read())
+        else:
+            prompts = load_suites(suites)
+        conversations = [(p.id, p.suite, [{"role": "user", "content": p.text}]) for p in prompts]
+    for ident, suite, messages in conversations:
+        events = list(engine.chat(messages, max_tokens=max_tokens, sampling=greedy, drafter="none"))
+        data["answers"].append({"id": ident, "suite": suite, "prompt": engine.chat_tokens(messages),
                                 "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog"})
-        print(f"{prompt.id}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
+        print(f"{ident}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
     data["verify_s"] = measure_verify_costs(engine.target, context_tokens=200, repeats=3)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(data, f)
@@ -88,6 +105,34 @@ def replay(data: dict) -> dict[str, list[float]]:
     return speedups
 
 
+def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
+    """Speedup per answer, by suite, with perfect knowledge: at each position the copy lookup's proposal
+    is kept as far as the recorded answer goes on with it, and the lengths drafted are the cheapest
+    plan over the whole answer (a shortest path over positions, priced by the recorded verify costs)."""
+    price = CostModel({int(n): s for n, s in data["verify_s"].items()})
+    control = set(data["control"])
+    speedups: dict[str, list[float]] = {}
+    for item in data["answers"]:
+        lookup = NgramDrafter(ends_copy=control.__contains__)
+        lookup.reset(prompt_len=len(item["prompt"]))
+        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        context, keepable = list(item["prompt"]), []
+        for at in range(len(truth)):
+            proposal = lookup.propose(context, longest)
+            k = 0
+            while k < len(proposal.tokens) and at + k < len(truth) and proposal.tokens[k] == truth[at + k]:
+                k += 1
+            keepable.append(k)
+            context.append(truth[at])
+        n = len(truth)
+        best = [0.0] * (n + 1)  # best[i]: least time to produce the answer from position i on
+        for i in range(n - 1, -1, -1):
+            best[i] = min(price.verify(k + 1) + best[min(n, i + k + 1)] for k in range(keepable[i] + 1)
+                          if k == 0 or k + 1 in price.verify_s)
+        speedups.setdefault(item["suite"], []).append(n * price.verify(1) / best[0])
+    return speedups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,17 +143,23 @@ def main() -> None:
     rec.add_argument("--max-tokens", type=int, default=128)
     rec.add_argument("--prompts", default=None, help="a YAML file of prompts instead of the bench's suites "
                      "(scripts/heldout_edit.yaml: edits the planner was not tuned on)")
+    rec.add_argument("--sessions", default="", help="record these session kinds' second requests instead "
+                     "(follow-up: the answer to a request that asks to change the first answer)")
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
+    rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
     args = parser.parse_args()
     if args.command == "record":
-        record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts)
+        record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts,
+               [k for k in args.sessions.split(",") if k])
         return
     with open(args.recorded, encoding="utf-8") as f:
-        speedups = replay(json.load(f))
-    for suite, values in speedups.items():
-        print(f"{suite:10} median {statistics.median(values):.2f}x  "
-              f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} answers)")
+        data = json.load(f)
+    runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    for label, speedups in runs:
+        for suite, values in speedups.items():
+            print(f"{label:8} {suite:10} median {statistics.median(values):.2f}x  "
+                  f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} answers)")
 
 
 if __name__ == "__main__":
