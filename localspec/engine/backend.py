@@ -434,11 +434,15 @@ class Model(_Metadata):
             raise ContextOverflowError(
                 f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens."
             )
-        wanted = set(logits_for)
+        rows_of: dict[int, list[int]] = {}  # token index -> the output rows that want its logits
+        for row, index in enumerate(logits_for):
+            rows_of.setdefault(index, []).append(row)
+        if rows_of and not (0 <= min(rows_of) and max(rows_of) < len(tokens)):
+            raise ValueError(f"logits asked for positions outside the {len(tokens)} tokens evaluated")
         limit = self.options.n_outputs_max or self.n_batch
-        if len(wanted) > limit:
-            raise LocalspecError(f"At most {limit} logits rows per decode call; {len(wanted)} asked.")
-        rows: dict[int, np.ndarray] = {}
+        if len(rows_of) > limit:
+            raise LocalspecError(f"At most {limit} logits rows per decode call; {len(rows_of)} asked.")
+        out = np.empty((len(logits_for), self.n_vocab), dtype=np.float32)  # filled straight from llama.cpp's buffer
         batch = self._batch
         assert batch is not None, "decode after close()"
         for chunk_start in range(0, len(tokens), self.n_batch):
@@ -450,7 +454,7 @@ class Model(_Metadata):
                 batch.pos[j] = start + chunk_start + j
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = seq
-                want = (chunk_start + j) in wanted
+                want = (chunk_start + j) in rows_of
                 batch.logits[j] = want
                 if want:
                     outputs.append(j)
@@ -460,9 +464,10 @@ class Model(_Metadata):
             if rc != 0:
                 raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
             for j in outputs:
-                ptr = L.llama_get_logits_ith(self._ctx, j)
-                rows[chunk_start + j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
-        return np.stack([rows[i] for i in logits_for]) if logits_for else np.zeros((0, self.n_vocab), np.float32)
+                logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
+                for row in rows_of[chunk_start + j]:
+                    out[row] = logits
+        return out
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         """Forget every position >= n_keep of sequence `seq`."""
