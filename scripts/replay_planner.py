@@ -72,6 +72,19 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
         json.dump(data, f)
 
 
+def _truth(data: dict, item: dict) -> list[int]:
+    """The recorded answer, with its end-of-generation token where it ended by itself."""
+    return item["answer"] + ([data["eos"]] if item["ended"] else [])
+
+
+def _kept(tokens: list[int], truth: list[int], at: int) -> int:
+    """How many of `tokens`, drafted at answer position `at`, the recorded answer goes on with."""
+    kept = 0
+    while kept < len(tokens) and at + kept < len(truth) and tokens[kept] == truth[at + kept]:
+        kept += 1
+    return kept
+
+
 def replay(data: dict) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
@@ -85,14 +98,12 @@ def replay(data: dict) -> dict[str, list[float]]:
         planner.start(item["prompt"])
         planner.finish(item["prompt"], item["answer"])  # the plain run comes first, as in the bench
         planner.start(item["prompt"])
-        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        truth = _truth(data, item)
         context, seconds = list(item["prompt"]), 0.0
         while len(context) - len(item["prompt"]) < len(truth):
             at = len(context) - len(item["prompt"])
             draft = planner.draft(context, 10**6, None)
-            kept = 0
-            while kept < len(draft.tokens) and at + kept < len(truth) and draft.tokens[kept] == truth[at + kept]:
-                kept += 1
+            kept = _kept(draft.tokens, truth, at)
             token = truth[at + kept] if at + kept < len(truth) else None
             cost = price.verify(len(draft.tokens) + 1)
             seconds += cost
@@ -115,14 +126,10 @@ def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
     for item in data["answers"]:
         lookup = NgramDrafter(ends_copy=control.__contains__)
         lookup.reset(prompt_len=len(item["prompt"]))
-        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        truth = _truth(data, item)
         context, keepable = list(item["prompt"]), []
         for at in range(len(truth)):
-            proposal = lookup.propose(context, longest)
-            k = 0
-            while k < len(proposal.tokens) and at + k < len(truth) and proposal.tokens[k] == truth[at + k]:
-                k += 1
-            keepable.append(k)
+            keepable.append(_kept(lookup.propose(context, longest).tokens, truth, at))
             context.append(truth[at])
         n = len(truth)
         best = [0.0] * (n + 1)  # best[i]: least time to produce the answer from position i on
