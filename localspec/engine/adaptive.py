@@ -59,9 +59,9 @@ class CostModel:
 
     @staticmethod
     def _interpolate(n: int, table: dict[int, float]) -> float:
-        sizes = sorted(table)
-        if n in table:
+        if n in table:  # every length a draft is chosen at (best_length): no sorting on the hot path
             return table[n]
+        sizes = sorted(table)
         if n <= sizes[0]:
             return table[sizes[0]] * n / sizes[0]
         if n >= sizes[-1]:
@@ -255,11 +255,13 @@ def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
     interpolated price can be far off in either direction."""
     plain = 1.0 / cost.verify(1)
     best_k, best_rate = 0, plain
-    for k in range(1, len(rates) + 1):
+    expected, run = 1.0, 1.0  # expected_tokens(rates[:k]), summed as k grows
+    for k, a in enumerate(rates, start=1):
+        run *= a
+        expected += run
         if k + 1 not in cost.verify_s:
             continue
-        seconds = k * draft_per_token_s + cost.verify(k + 1)
-        rate = expected_tokens(rates[:k]) / seconds
+        rate = expected / (k * draft_per_token_s + cost.verify(k + 1))
         if rate > best_rate:
             best_k, best_rate = k, rate
     if best_rate < plain * (1 + margin):
