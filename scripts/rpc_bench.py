@@ -7,7 +7,7 @@ The target's layers are split over the two workers, the draft stays local; each 
 `--drafter auto`, in alternating order, and the same pair runs locally for comparison. The planner
 calibrates verify costs through the workers (the network included), which is what it drafts by.
 
-    python scripts/rpc_bench.py --rtt 0,1,5 --suite edit,code --prompts 4 --json assets/rpc-bench.json
+    python scripts/rpc_bench.py --rtt 0,1,5 --suite edit,code --prompts 4 --repeat 2 --json assets/rpc-bench.json
 
 On one machine the workers share its cores with the client: the figures say what the network's
 round trips do to plain and speculative decoding, not what two real machines would reach.
@@ -92,27 +92,30 @@ def _wait_for(endpoint: str) -> None:
             time.sleep(0.2)
 
 
-def measure(engine, prompts, max_tokens: int) -> list[dict]:
+def measure(engine, prompts, max_tokens: int, repeat: int = 1) -> list[dict]:
+    """Each prompt plain and `--drafter auto`, `repeat` times, the order alternating from run to run;
+    a prompt's figure is the mean over its runs (through the relay the same drafts measured up to 25%
+    apart from one run to the next)."""
     from localspec.engine.sampling import SamplingSettings
 
-    out = []
+    rows = [{"prompt": p.id, "none_runs": [], "auto_runs": []} for p in prompts]
     # One untimed answer first: the first graphs of each batch size travel to the workers once.
     list(engine.chat([{"role": "user", "content": prompts[0].text}], max_tokens=16, drafter="auto"))
-    for n, prompt in enumerate(prompts):
-        messages = [{"role": "user", "content": prompt.text}]
-        row = {"prompt": prompt.id}
-        for variant in (("none", "auto") if n % 2 == 0 else ("auto", "none")):
-            summary = list(engine.chat(messages, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
-                                       drafter=variant))[-1]
-            row[variant] = summary.tokens_per_s
-            if variant == "auto":
-                row["drafted"], row["accepted"] = summary.drafted, summary.accepted
-                row["by_drafter"] = dict(summary.drafted_by_drafter)
-        out.append(row)
-        print(f"  {prompt.id:10} plain {row['none']:6.1f}  auto {row['auto']:6.1f} tok/s  "
-              f"{row['auto'] / row['none']:.2f}x  {row['accepted']}/{row['drafted']} kept {row['by_drafter']}",
-              file=sys.stderr)
-    return out
+    for rep in range(repeat):
+        for n, (prompt, row) in enumerate(zip(prompts, rows)):
+            messages = [{"role": "user", "content": prompt.text}]
+            for variant in (("none", "auto") if (n + rep) % 2 == 0 else ("auto", "none")):
+                summary = list(engine.chat(messages, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
+                                           drafter=variant))[-1]
+                row[f"{variant}_runs"].append(summary.tokens_per_s)
+                if variant == "auto":
+                    row["drafted"], row["accepted"] = summary.drafted, summary.accepted
+                    row["by_drafter"] = dict(summary.drafted_by_drafter)
+            row["none"], row["auto"] = statistics.mean(row["none_runs"]), statistics.mean(row["auto_runs"])
+            print(f"  {prompt.id:10} plain {row['none_runs'][-1]:6.1f}  auto {row['auto_runs'][-1]:6.1f} tok/s  "
+                  f"{row['auto_runs'][-1] / row['none_runs'][-1]:.2f}x  {row['accepted']}/{row['drafted']} kept "
+                  f"{row['by_drafter']}", file=sys.stderr)
+    return rows
 
 
 def main() -> None:
@@ -128,6 +131,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--first", type=int, default=0, help="skip the first N prompts of each suite (held-out runs)")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant per prompt (alternating order)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     if args.command == "relay":
@@ -138,7 +142,7 @@ def main() -> None:
     from localspec.loader import load
 
     prompts = [p for p in load_suites(args.suite.split(",")) if args.first <= p.index < args.first + args.prompts]
-    results: dict = {"entry": args.entry, "max_tokens": args.max_tokens, "runs": {}}
+    results: dict = {"entry": args.entry, "max_tokens": args.max_tokens, "repeat": args.repeat, "runs": {}}
     workers = []
     for _ in range(2):
         port = _free_port()
@@ -149,7 +153,8 @@ def main() -> None:
             _wait_for(endpoint)
         print("local:", file=sys.stderr)
         with load(args.entry, n_ctx=2048, history="off") as engine:
-            results["runs"]["local"] = {"verify_ms": _costs(engine), "prompts": measure(engine, prompts, args.max_tokens)}
+            results["runs"]["local"] = {"verify_ms": _costs(engine),
+                                        "prompts": measure(engine, prompts, args.max_tokens, args.repeat)}
         for rtt in (float(x) for x in args.rtt.split(",")):
             relays, endpoints = [], []
             for _proc, endpoint in workers:
@@ -166,7 +171,7 @@ def main() -> None:
                 with load(args.entry, n_ctx=2048, history="off", rpc=endpoints, tensor_split=(1.0, 1.0),
                           isolate=False) as engine:
                     results["runs"][f"rpc {rtt:g} ms"] = {"verify_ms": _costs(engine),
-                                                           "prompts": measure(engine, prompts, args.max_tokens)}
+                                                           "prompts": measure(engine, prompts, args.max_tokens, args.repeat)}
             finally:
                 for r in relays:
                     r.kill()
