@@ -283,6 +283,35 @@ def test_ngram_lookup_realigns_with_its_source_after_an_edit():
     assert after.tokens == [14, 15, 16] and after.continuing
 
 
+def test_ngram_index_kept_up_to_date_finds_what_a_fresh_index_finds():
+    """The lookup indexes the engine's growing context incrementally; a copy of the context each
+    round (indexed from scratch) must get the same proposals, ages and renames."""
+    import random
+
+    from localspec.engine.drafters import NgramDrafter
+
+    rng = random.Random(7)
+    for _trial in range(200):
+        vocab = rng.choice([3, 6, 20])
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(2, 40))]
+        growing, fresh = NgramDrafter(), NgramDrafter()
+        for d in (growing, fresh):
+            d.reset(prompt_len=len(context) // 2)
+        for _round in range(25):
+            a, b = growing.propose(context, 6), fresh.propose(list(context), 6)
+            assert (a.tokens, a.evidence, a.continuing, a.age, a.from_prompt) == \
+                   (b.tokens, b.evidence, b.continuing, b.age, b.from_prompt)
+            assert growing.replacements == fresh.replacements
+            if a.tokens:
+                kept, token = rng.randrange(len(a.tokens) + 1), rng.randrange(vocab)
+                growing.observe(a, kept, token)
+                fresh.observe(b, kept, token)
+                context.extend(a.tokens[:kept])
+                context.append(token)
+            else:
+                context.append(rng.randrange(vocab))
+
+
 def test_ngram_copy_resumes_past_a_substituted_token():
     from localspec.engine.drafters import NgramDrafter
     from localspec.engine.sampling import Sampler
