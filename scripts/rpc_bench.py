@@ -170,8 +170,8 @@ def main() -> None:
                 print(f"two RPC workers, {rtt:g} ms round trip:", file=sys.stderr)
                 with load(args.entry, n_ctx=2048, history="off", rpc=endpoints, tensor_split=(1.0, 1.0),
                           isolate=False) as engine:
-                    results["runs"][f"rpc {rtt:g} ms"] = {"verify_ms": _costs(engine),
-                                                           "prompts": measure(engine, prompts, args.max_tokens, args.repeat)}
+                    rows = measure(engine, prompts, args.max_tokens, args.repeat)
+                    results["runs"][f"rpc {rtt:g} ms"] = {"verify_ms": _costs(engine), "prompts": rows}
             finally:
                 for r in relays:
                     r.kill()
