@@ -16,7 +16,9 @@ CPU.
     python scripts/replay_planner.py replay followup.json --oracle
 
 `--sessions follow-up` records the bench's follow-up sessions: the second request's prompt is the
-conversation with the first answer in it, as `localspec bench --suite sessions` sends it. `--oracle`
+conversation with the first answer in it, as `localspec bench --suite sessions` sends it (any session
+kind: `quote` and `tool-output` start a new conversation). The replay drafts from the request itself
+only, not from the history of earlier requests. `--oracle`
 also prints what perfect knowledge would reach: every round drafts exactly the copy that the answer
 goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has.
 """
@@ -38,6 +40,7 @@ from localspec.engine.speculative import Planner
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
            sessions: list[str] = ()) -> None:
     from localspec import load
+    from localspec.bench import _next_messages as next_messages
     from localspec.bench import load_sessions, load_suites, parse_prompts
     from localspec.engine.events import answer_tokens
     from localspec.engine.sampling import SamplingSettings
@@ -50,11 +53,12 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
     conversations: list[tuple[str, str, list[dict]]] = []  # (id, suite, messages before the recorded answer)
     if sessions:
         for session in load_sessions():
-            if session.kind in sessions:  # the first answer, then the follow-up request after it
+            if session.kind in sessions:  # the first answer, then the second request as the bench sends it
                 first = [{"role": "user", "content": session.requests[0]}]
                 answer = list(engine.chat(first, max_tokens=max_tokens, sampling=greedy, drafter="none"))[-1].text
-                conversations.append((session.id, session.kind, [*first, {"role": "assistant", "content": answer},
-                                                                 {"role": "user", "content": session.requests[1]}]))
+                conversation = [*first, {"role": "assistant", "content": answer}]
+                conversations.append((session.id, session.kind,
+                                      next_messages(session.requests[1], conversation, [first])))
     else:
         if prompts_file:
             with open(prompts_file, encoding="utf-8") as f:
