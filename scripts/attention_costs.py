@@ -7,6 +7,11 @@ off / on.
 
     python scripts/attention_costs.py                      # the default pair's target
     python scripts/attention_costs.py --contexts 48,600,1500 --repeats 5
+    python scripts/attention_costs.py --answers            # whole answers: plain and auto, on against off
+
+`--answers` runs the default pair twice over (flash attention on, off), `--drafter none` and `auto`
+alternated per prompt, two runs each, 128 tokens greedy: the edit suite, the same edits after four
+earlier edit turns of the chat (contexts of 650-1,000 tokens) and the follow-up sessions.
 
 localspec leaves flash attention to llama.cpp (`ModelOptions.flash_attn=None`: on, on this CPU); this
 measures what that costs where a verify batch meets a long context.
@@ -27,7 +32,11 @@ def main() -> None:
     parser.add_argument("--contexts", default="48,300,600,1000,1500")
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--answers", action="store_true", help="time whole answers instead (see above)")
     args = parser.parse_args()
+    if args.answers:
+        answers(args.entry)
+        return
 
     from localspec.catalog import load_catalog
     from localspec.engine.backend import Model, ModelOptions
@@ -64,6 +73,58 @@ def main() -> None:
             print(f"| {ctx} | {n} | {on * 1000:.1f} ms | {off * 1000:.1f} ms | {off / on:.3f} |")
         on, off = statistics.median(prompt["on"]), statistics.median(prompt["off"])
         print(f"| {ctx} | prompt | {on * 1000:.0f} ms | {off * 1000:.0f} ms | {off / on:.3f} |", flush=True)
+
+
+def answers(entry: str | None) -> None:
+    from localspec.bench import load_sessions, load_suites
+    from localspec.catalog import load_catalog
+    from localspec.engine.api import Engine, EngineOptions
+    from localspec.engine.backend import Model, ModelOptions
+    from localspec.engine.sampling import SamplingSettings
+    from localspec.loader import resolve
+
+    target, draft = resolve(entry or load_catalog().default_pair)
+    engines = {}
+    for name, flash in (("on", None), ("off", False)):
+        options = ModelOptions(n_ctx=4096, flash_attn=flash)
+        engines[name] = Engine(Model(target, options), Model(draft, options) if draft else None,
+                               EngineOptions(drafter="auto", history_drafts=False))
+    greedy = SamplingSettings(temperature=0)
+    first = engines["on"]
+
+    def answer(messages: list[dict]) -> str:
+        return list(first.chat(messages, max_tokens=128, sampling=greedy, drafter="none"))[-1].text
+
+    edits = load_suites(["edit"])
+    chats = [(p.id, [{"role": "user", "content": p.text}]) for p in edits]
+    plain = {p.id: answer(chats[i][1]) for i, p in enumerate(edits)}
+    for i, p in enumerate(edits):  # the same edit after four earlier edit turns of one chat
+        earlier = [edits[(i + 1 + j) % len(edits)] for j in range(4)]
+        turns = [m for q in earlier for m in ({"role": "user", "content": q.text},
+                                              {"role": "assistant", "content": plain[q.id]})]
+        chats.append((p.id + "-long", [*turns, {"role": "user", "content": p.text}]))
+    for session in load_sessions():
+        if session.kind == "follow-up":
+            opening = [{"role": "user", "content": session.requests[0]}]
+            chats.append((session.id, [*opening, {"role": "assistant", "content": answer(opening)},
+                                       {"role": "user", "content": session.requests[1]}]))
+    print("| prompt | context | plain on / off tok/s | auto on / off tok/s | auto off / on |\n|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {}
+    for n, (ident, messages) in enumerate(chats):
+        runs: dict[str, list[float]] = {}
+        for rep in range(2):
+            order = [("on", "none"), ("off", "none"), ("on", "auto"), ("off", "auto")]
+            for flash, drafter in (order if (n + rep) % 2 == 0 else order[::-1]):
+                summary = list(engines[flash].chat(messages, max_tokens=128, sampling=greedy, drafter=drafter))[-1]
+                runs.setdefault(f"{flash} {drafter}", []).append(summary.tokens_per_s)
+        tps = {k: statistics.mean(v) for k, v in runs.items()}
+        ratio = tps["off auto"] / tps["on auto"]
+        group = "long edits" if ident.endswith("-long") else ident.rsplit("-", 1)[0]
+        ratios.setdefault(group, []).append(ratio)
+        print(f"| {ident} | {len(first.chat_tokens(messages))} | {tps['on none']:.1f} / {tps['off none']:.1f} | "
+              f"{tps['on auto']:.1f} / {tps['off auto']:.1f} | {ratio:.3f} |", flush=True)
+    for group, values in ratios.items():
+        print(f"{group}: auto off / on, median {statistics.median(values):.3f}")
 
 
 if __name__ == "__main__":

@@ -341,6 +341,8 @@ def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefi
         key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
         if getattr(opts, "placement", ""):
             key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
+        if getattr(opts, "flash_attn", None) is not None:
+            key += f"|fa={opts.flash_attn}"  # a verify batch's cost grows with the context faster with it
         key += "|prefill" if prefill else ""
         cached = load_cached(key) if enabled else None
         if cached:
