@@ -207,6 +207,7 @@ def doctor() -> None:
         click.echo(f"  device {device.kind:5} {device.name}: {device.description} {mem}")
     click.echo(f"CPU threads         {os.cpu_count()} (localspec uses all by default)")
     click.echo(f"llama.cpp features  {backend.system_info()}")
+    click.echo(f"flash attention     {_flash_attention_state()}")
     if not gpu:
         click.echo("For an NVIDIA GPU, rebuild with CUDA: see README, section 'GPU'.")
     click.echo(f"models              {paths.models_dir()}")
@@ -216,6 +217,17 @@ def doctor() -> None:
 
     click.echo(f"HF endpoint/cache   {hub_endpoint()}  {hub_cache_dir() or '(huggingface_hub default)'}")
     _doctor_history()
+
+
+def _flash_attention_state() -> str:
+    from localspec.config import load_user_config
+
+    try:
+        setting = load_user_config().flash_attention
+    except LocalspecError as exc:
+        return f"unknown ({exc})"
+    state = "llama.cpp's choice" if setting == "auto" else setting
+    return f"{state} (flash_attention: {setting} in settings)"
 
 
 def _doctor_history() -> None:
@@ -287,9 +299,10 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
                                 repeat_penalty=repeat_penalty, seed=seed)
     from localspec.config import load_user_config
 
-    history = load_user_config().history(no_history_drafts)
+    config = load_user_config()
     placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
-    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=history, **placement) as engine:
+    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=config.history(no_history_drafts),
+              flash_attn=config.flash_attn(), **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
         if raw:
@@ -386,9 +399,10 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
         raise click.BadParameter("must be 0-65535", param_hint="--port")
     entry = entry_id or load_catalog().default_pair
     sock = None if no_socket else (Path(socket_path) if socket_path else paths.server_socket())
+    config = load_user_config()
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
-               history=load_user_config().history(no_history_drafts),
+               history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

@@ -4,6 +4,7 @@
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
     history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
     rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
+    flash_attention: auto          # auto: llama.cpp's choice; on / off (README, "Flash attention")
     chat:
       temperature: 0.0
       max_tokens: 1024
@@ -101,10 +102,15 @@ class UserConfig:
     chat: ChatSettings = ChatSettings()
     history_drafts: bool = True
     rpc_workers: str = ""
+    flash_attention: str = "auto"
 
     def history(self, off: bool = False) -> str:
         """The engine's `history` option: a command's --no-history-drafts or this setting turns it off."""
         return "off" if off or not self.history_drafts else "saved"
+
+    def flash_attn(self) -> bool | None:
+        """The models' `flash_attn` option (backend.ModelOptions): None for auto, llama.cpp's choice."""
+        return {"on": True, "off": False}.get(self.flash_attention)
 
 
 def load_user_config() -> UserConfig:
@@ -134,4 +140,9 @@ def load_user_config() -> UserConfig:
         workers = ",".join(str(w) for w in workers)
     if not isinstance(workers, str):
         raise LocalspecError(f"{path}: rpc_workers must be HOST:PORT entries (a list, or one comma-separated string).")
-    return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history, rpc_workers=workers)
+    flash = data.get("flash_attention", "auto")
+    flash = {True: "on", False: "off"}.get(flash, flash)  # YAML reads a bare on / off as true / false
+    if flash not in ("auto", "on", "off"):
+        raise LocalspecError(f"{path}: flash_attention must be auto, on or off.")
+    return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history, rpc_workers=workers,
+                      flash_attention=flash)

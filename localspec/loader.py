@@ -61,7 +61,7 @@ def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | 
     `tensor_split` (default: by their free memory); with `isolate` the engine then runs in a child
     process (localspec.hosted: a worker dying mid-answer must not end this one). `options` are
     `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
-    calibrate, slots, history."""
+    calibrate, slots, history, flash_attn."""
     target_path, draft_path = resolve(id_or_path, draft)
     if rpc and isolate:
         from localspec.hosted import HostedEngine

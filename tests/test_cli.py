@@ -109,3 +109,24 @@ def test_doctor_reports_the_build():
     assert result.returncode == 0, result.stderr
     assert "GPU offload" in result.stdout and "llama-cpp-python" in result.stdout
     assert "device cpu" in result.stdout
+
+
+@pytest.mark.model
+def test_flash_attention_setting_is_reported_used_and_checked(smollm2_home):
+    settings = smollm2_home / "config" / "settings.yaml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text("flash_attention: off\n")  # YAML reads a bare `off` as false
+    doctor = _run(["doctor"], smollm2_home)
+    assert "flash attention     off (flash_attention: off in settings)" in doctor.stdout
+    result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    # The models were loaded with it off: their verify costs were measured under that setting's key.
+    assert "|fa=False" in (smollm2_home / "cache" / "calibration.json").read_text()
+
+    settings.write_text("flash_attention: sometimes\n")
+    result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)
+    assert result.returncode != 0
+    assert "flash_attention must be auto, on or off" in result.stderr and "Traceback" not in result.stderr
+    settings.unlink()
+    assert "flash attention     llama.cpp's choice (flash_attention: auto" in _run(["doctor"], smollm2_home).stdout

@@ -330,6 +330,7 @@ def load_files(
     target_devices: tuple[int, ...] = (),
     tensor_split: tuple[float, ...] = (),
     placement: str = "",
+    flash_attn: bool | None = None,
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
@@ -337,7 +338,8 @@ def load_files(
     `history`: the "history" drafter's index of earlier requests: "saved" (per target file under the
     cache folder, kept across runs), "memory" (this engine's life only) or "off". `target_devices`: ggml
     devices for every layer of the target (RPC workers, see localspec.rpc), split by `tensor_split`;
-    `placement` names them for the calibration cache. The draft stays local."""
+    `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
+    llama.cpp decide (settings.yaml's flash_attention)."""
     from localspec.engine.backend import Model, ModelOptions
 
     if history not in ("saved", "memory", "off"):
@@ -353,15 +355,15 @@ def load_files(
 
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                              n_seq=slots, devices=target_devices, tensor_split=tensor_split,
-                                             placement=placement))
+                                             placement=placement, flash_attn=flash_attn))
     draft_model = self_model = None
     try:
         if draft_path is not None:
             draft_model = Model(Path(draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
-                                                               n_gpu_layers=draft_gpu_layers))
+                                                               n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn))
         if self_draft_path is not None:
             self_model = Model(Path(self_draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
-                                                                   n_gpu_layers=draft_gpu_layers))
+                                                                   n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn))
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse)
         return Engine(target, draft_model, options, self_draft=self_model,

@@ -191,7 +191,7 @@ class ModelOptions:
     n_batch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
-    flash_attn: bool | None = None    # None: llama.cpp decides (scripts/plain_parity.py --variants compares)
+    flash_attn: bool | None = None    # None: llama.cpp decides (attention_type)
     mmap: bool | None = None          # None: llama.cpp decides (mmap on CPUs); False: read into memory (less RSS,
                                       # slower decoding on CPUs); True: mmap explicitly
     n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
@@ -213,6 +213,16 @@ class ModelOptions:
         if self.mmap is None:
             return L.LLAMA_LOAD_MODE_AUTO
         return L.LLAMA_LOAD_MODE_MMAP if self.mmap else L.LLAMA_LOAD_MODE_NONE
+
+    def attention_type(self) -> int:
+        """Flash attention as `flash_attn` says; None: llama.cpp's choice (on, on CPUs)."""
+        # Left on by default on CPUs: with it, batched logits equal one-token logits bit for bit for small
+        # batches (scripts/batch_noise.py --flash-attn), so verified greedy answers part from plain ones
+        # less often, and prompts are 3-7% faster; off makes verify batches after long contexts ~25%
+        # cheaper (scripts/attention_costs.py). README, "Flash attention", weighs the two.
+        if self.flash_attn is None:
+            return L.LLAMA_FLASH_ATTN_TYPE_AUTO
+        return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
     def gpu_layers(self) -> int:
         if self.n_gpu_layers is not None:
@@ -401,8 +411,7 @@ class Model(_Metadata):
         cparams.n_threads = self.options.threads()
         cparams.n_threads_batch = self.options.threads()
         cparams.no_perf = True
-        if self.options.flash_attn is not None:
-            cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.options.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.flash_attn_type = self.options.attention_type()
         mark = _problems_logged
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:

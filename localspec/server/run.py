@@ -159,7 +159,7 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
 def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_key: str | None,
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
-          cache_reuse: int = 16) -> None:
+          cache_reuse: int = 16, flash_attn: bool | None = None) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -172,7 +172,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     unix = bind_unix(socket_path) if socket_path else None
     say(f"Loading {entry_id}…")
     engine = load(entry_id, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=n_gpu_layers,
-                  slots=slots, history=history, cache_reuse=cache_reuse, **(placement or {}))
+                  slots=slots, history=history, cache_reuse=cache_reuse, flash_attn=flash_attn, **(placement or {}))
     for warning in engine.warnings:
         say(f"warning: {warning}")
     served = served_for(engine, entry_id, temperature)

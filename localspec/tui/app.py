@@ -201,7 +201,7 @@ def create_app(entry_id: str | None = None, *, drafter: str | None = None, provi
     config = config or load_user_config()
     return ChatApp(
         provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts),
-                                  placement=placement),
+                                  placement=placement, flash_attn=config.flash_attn()),
         entry_id=entry_id,
         drafter=drafter,
         history=history,

@@ -38,10 +38,11 @@ class LocalProvider:
     """Models from the catalog, pulled into LOCALSPEC_HOME, loaded in this process."""
 
     def __init__(self, n_ctx: int = 4096, n_gpu_layers: int | None = None, history: str = "saved",
-                 placement: dict | None = None):
+                 placement: dict | None = None, flash_attn: bool | None = None):
         self.n_ctx = n_ctx
         self.n_gpu_layers = n_gpu_layers
         self.history = history  # the "history" drafter: saved, memory or off (engine.api.load_files)
+        self.flash_attn = flash_attn  # None: llama.cpp decides (settings.yaml's flash_attention)
         self.placement = placement or {}  # RPC workers for the target (loader.load's rpc, tensor_split)
         self._lock = threading.Lock()
         self._resolved: dict[str, ModelSpec | PairSpec] = {}
@@ -97,4 +98,5 @@ class LocalProvider:
         from localspec.selfdraft import find_self_draft
 
         return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers,
-                    self_draft=find_self_draft(entry_id), history=self.history, **self.placement)
+                    self_draft=find_self_draft(entry_id), history=self.history, flash_attn=self.flash_attn,
+                    **self.placement)
