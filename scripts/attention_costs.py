@@ -8,13 +8,15 @@ off / on.
     python scripts/attention_costs.py                      # the default pair's target
     python scripts/attention_costs.py --contexts 48,600,1500 --repeats 5
     python scripts/attention_costs.py --answers            # whole answers: plain and auto, on against off
+    python scripts/attention_costs.py --answers --suites edit,code,chat,creative,long,follow-up
 
 `--answers` runs the default pair twice over (flash attention on, off), `--drafter none` and `auto`
-alternated per prompt, two runs each, 128 tokens greedy: the edit suite, the same edits after four
-earlier edit turns of the chat (contexts of 650-1,000 tokens) and the follow-up sessions.
+alternated per prompt, two runs each, 128 tokens greedy: by default the edit suite, the same edits
+after four earlier edit turns of the chat (contexts of 650-1,000 tokens) and the follow-up sessions.
 
-localspec leaves flash attention to llama.cpp (`ModelOptions.flash_attn=None`: on, on this CPU); this
-measures what that costs where a verify batch meets a long context.
+localspec leaves flash attention to llama.cpp (on, on this CPU) unless settings.yaml's
+`flash_attention` says otherwise; this measures what that costs where a verify batch meets a long
+context, and what it saves on the prompt (README, "Flash attention").
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--answers", action="store_true", help="time whole answers instead (see above)")
+    parser.add_argument("--suites", default="edit,long,follow-up",
+                        help="with --answers: bench suites (edit, code, chat, creative), long (the edits after "
+                             "four earlier edit turns), follow-up (the sessions' second requests)")
     args = parser.parse_args()
     if args.answers:
-        answers(args.entry)
+        answers(args.entry, args.suites.split(","))
         return
 
     from localspec.catalog import load_catalog
@@ -75,7 +80,7 @@ def main() -> None:
         print(f"| {ctx} | prompt | {on * 1000:.0f} ms | {off * 1000:.0f} ms | {off / on:.3f} |", flush=True)
 
 
-def answers(entry: str | None) -> None:
+def answers(entry: str | None, groups: list[str]) -> None:
     from localspec.bench import load_sessions, load_suites
     from localspec.catalog import load_catalog
     from localspec.engine.api import Engine, EngineOptions
@@ -85,7 +90,7 @@ def answers(entry: str | None) -> None:
 
     target, draft = resolve(entry or load_catalog().default_pair)
     engines = {}
-    for name, flash in (("on", None), ("off", False)):
+    for name, flash in (("on", True), ("off", False)):
         options = ModelOptions(n_ctx=4096, flash_attn=flash)
         engines[name] = Engine(Model(target, options), Model(draft, options) if draft else None,
                                EngineOptions(drafter="auto", history_drafts=False))
@@ -95,21 +100,24 @@ def answers(entry: str | None) -> None:
     def answer(messages: list[dict]) -> str:
         return list(first.chat(messages, max_tokens=128, sampling=greedy, drafter="none"))[-1].text
 
-    edits = load_suites(["edit"])
-    chats = [(p.id, [{"role": "user", "content": p.text}]) for p in edits]
-    plain = {p.id: answer(chats[i][1]) for i, p in enumerate(edits)}
-    for i, p in enumerate(edits):  # the same edit after four earlier edit turns of one chat
-        earlier = [edits[(i + 1 + j) % len(edits)] for j in range(4)]
-        turns = [m for q in earlier for m in ({"role": "user", "content": q.text},
-                                              {"role": "assistant", "content": plain[q.id]})]
-        chats.append((p.id + "-long", [*turns, {"role": "user", "content": p.text}]))
+    suites = [g for g in groups if g not in ("long", "follow-up")]
+    chats = [(p.id, [{"role": "user", "content": p.text}]) for p in (load_suites(suites) if suites else [])]
+    if "long" in groups:
+        edits = load_suites(["edit"])
+        plain = {p.id: answer([{"role": "user", "content": p.text}]) for p in edits}
+        for i, p in enumerate(edits):  # the same edit after four earlier edit turns of one chat
+            earlier = [edits[(i + 1 + j) % len(edits)] for j in range(4)]
+            turns = [m for q in earlier for m in ({"role": "user", "content": q.text},
+                                                  {"role": "assistant", "content": plain[q.id]})]
+            chats.append((p.id + "-long", [*turns, {"role": "user", "content": p.text}]))
     for session in load_sessions():
-        if session.kind == "follow-up":
+        if session.kind == "follow-up" and "follow-up" in groups:
             opening = [{"role": "user", "content": session.requests[0]}]
             chats.append((session.id, [*opening, {"role": "assistant", "content": answer(opening)},
                                        {"role": "user", "content": session.requests[1]}]))
     print("| prompt | context | plain on / off tok/s | auto on / off tok/s | auto off / on |\n|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {}
+    plain_ratios: dict[str, list[float]] = {}
     for n, (ident, messages) in enumerate(chats):
         runs: dict[str, list[float]] = {}
         for rep in range(2):
@@ -121,10 +129,12 @@ def answers(entry: str | None) -> None:
         ratio = tps["off auto"] / tps["on auto"]
         group = "long edits" if ident.endswith("-long") else ident.rsplit("-", 1)[0]
         ratios.setdefault(group, []).append(ratio)
+        plain_ratios.setdefault(group, []).append(tps["off none"] / tps["on none"])
         print(f"| {ident} | {len(first.chat_tokens(messages))} | {tps['on none']:.1f} / {tps['off none']:.1f} | "
               f"{tps['on auto']:.1f} / {tps['off auto']:.1f} | {ratio:.3f} |", flush=True)
     for group, values in ratios.items():
-        print(f"{group}: auto off / on, median {statistics.median(values):.3f}")
+        print(f"{group}: auto off / on, median {statistics.median(values):.3f}; plain off / on, median "
+              f"{statistics.median(plain_ratios[group]):.3f}")
 
 
 if __name__ == "__main__":

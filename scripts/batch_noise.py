@@ -10,6 +10,7 @@ choice in the batched row (best logit minus that token's logit). The largest sho
 `sampling.REPLAY_TOLERANCE` must exceed for a replayed greedy answer to be kept whole.
 
     .venv/bin/python scripts/batch_noise.py [catalog pair or GGUF path] [--tokens 64] [--batch 2,4,8,64]
+        [--flash-attn on|off]
 
 The prompts are those of scripts/plain_parity.py (not the bench's).
 """
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("entry", nargs="?", default=None, help="catalog pair or GGUF path (default: the default pair)")
     ap.add_argument("--tokens", type=int, default=64, help="answer tokens per prompt")
     ap.add_argument("--batch", default="2,3,4,8,16,64", help="batch sizes to compare with one position")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                    help="flash attention (auto: as localspec decides, backend.ModelOptions.attention_type)")
     args = ap.parse_args()
     from localspec.catalog import load_catalog
     from localspec.engine.api import Engine
@@ -37,7 +40,8 @@ def main() -> None:
 
     target = resolve(args.entry or load_catalog().default_pair)[0]
     print(backend.system_info())
-    model = backend.Model(target, backend.ModelOptions(n_ctx=2048))
+    flash = {"on": True, "off": False}.get(args.flash_attn)
+    model = backend.Model(target, backend.ModelOptions(n_ctx=2048, flash_attn=flash))
     engine = Engine(model, None)  # for its chat template
     sizes = [int(b) for b in args.batch.split(",")]
     worst = {b: [0.0, 0, 0.0] for b in sizes}  # largest |difference|, flips, largest shortfall

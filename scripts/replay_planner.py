@@ -159,6 +159,7 @@ def main() -> None:
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
+    rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     args = parser.parse_args()
     if args.command == "record":
         record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts,
@@ -170,7 +171,8 @@ def main() -> None:
     for label, speedups in runs:
         for suite, values in speedups.items():
             print(f"{label:8} {suite:10} median {statistics.median(values):.2f}x  "
-                  f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} answers)")
+                  f"(min {min(values):.2f}, max {max(values):.2f}, mean {statistics.mean(values):.2f}, "
+                  f"{len(values)} answers)" + (": " + " ".join(f"{v:.2f}" for v in values) if args.each else ""))
 
 
 if __name__ == "__main__":
