@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="answer tokens per prompt")
     ap.add_argument("--batch", default="2,3,4,8,16,64", help="batch sizes to compare with one position")
     ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
-                    help="flash attention (auto: as localspec decides, backend.ModelOptions.attention_type)")
+                    help="flash attention (auto: llama.cpp's choice, as localspec loads by default)")
     args = ap.parse_args()
     from localspec.catalog import load_catalog
     from localspec.engine.api import Engine
