@@ -110,6 +110,7 @@ class Run:
     first_token_s: float = 0.0     # request to first answer token; with `cold`, the whole prompt is in it
     cold: bool = False             # started from an empty cache
     drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens by the drafter that proposed them
+    reported: float = 0.0          # the speedup localspec itself showed for this answer (engine/speedup.py)
 
 
 # ----------------------------------------------------------------------------- running
@@ -138,7 +139,7 @@ def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat:
                tokens_per_s=s.tokens_per_s, drafted=s.drafted, accepted=s.accepted, rounds=s.rounds,
                drafting_rounds=s.rounds - s.rounds_by_drafter.get("none", 0),
                kept_by_position=kept, tried_by_position=tried, first_token_s=s.first_token_s, cold=cold,
-               drafted_by=dict(s.drafted_by_drafter))
+               drafted_by=dict(s.drafted_by_drafter), reported=s.speedup)
 
 
 class LlamaPeer:
@@ -373,6 +374,7 @@ class Row:
     baseline: str = "plain"        # which plain decoding was faster: "plain" (localspec) or "llama-cpp-python"
     first_token_s: float | None = None  # median time to first token from an empty cache (prompt included)
     history_share: float | None = None  # share of drafted tokens that came from the "history" drafter
+    reported: float | None = None  # median of the speedups localspec showed (the one rule), against `speedup` measured
 
 
 BASELINES = ("plain", PEERS[0])
@@ -435,6 +437,7 @@ def _row(suite: str, variant: str, temperature: float, sel: list[Run], group: di
                   for r in sel if r.tokens and r.prompt in plain]
         identical = statistics.fmean(shares) if shares else None
     cold = [r.first_token_s for r in sel if r.cold and r.first_token_s > 0]
+    shown = [r.reported for r in sel if r.reported > 0]
     return Row(suite=suite, variant=variant, temperature=temperature, plain_tokens_per_s=base_tps,
                tokens_per_s=tps, speedup=tps / base_tps if base_tps else 0.0,
                speedup_min=min(ratios, default=0.0), speedup_max=max(ratios, default=0.0),
@@ -443,7 +446,8 @@ def _row(suite: str, variant: str, temperature: float, sel: list[Run], group: di
                acceptance_by_position=[k / t if t else 0.0 for k, t in zip(kept, tried)],
                bound=bound, identical=identical, baseline=baseline,
                first_token_s=_median(cold) if cold else None,
-               history_share=from_history / drafted if drafted else None)
+               history_share=from_history / drafted if drafted else None,
+               reported=_median(shown) if shown else None)
 
 
 def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
@@ -470,9 +474,9 @@ def summarize(runs: list[Run], verify: Callable[[int], float] | None = None,
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| suite | T | variant | baseline (faster plain) | tok/s | speedup (min-max per prompt) | first token "
+        "| suite | T | variant | baseline (faster plain) | tok/s | speedup (min-max per prompt) | shown | first token "
         "| acceptance | accepted/round | draft len | from history | bound | greedy identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         spec = r.variant not in PEERS and r.variant != "plain"
@@ -480,6 +484,7 @@ def markdown(rows: list[Row]) -> str:
         lines.append(
             f"| {r.suite} | {r.temperature:g} | {r.variant} | {base} {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
             f"{r.speedup:.2f}x ({r.speedup_min:.2f}-{r.speedup_max:.2f}) | "
+            + (f"{r.reported:.2f}x | " if r.reported is not None and spec else "- | ")
             + (f"{r.first_token_s:.2f}s | " if r.first_token_s is not None else "- | ")
             + (f"{r.acceptance:.0%} | {r.mean_accepted:.2f} | {r.draft_length:.1f} | " if spec else "- | - | - | ")
             + (f"{r.history_share:.0%} | " if r.history_share is not None else "- | ")

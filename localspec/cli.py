@@ -217,6 +217,7 @@ def doctor() -> None:
 
     click.echo(f"HF endpoint/cache   {hub_endpoint()}  {hub_cache_dir() or '(huggingface_hub default)'}")
     _doctor_history()
+    _doctor_calibrations()
 
 
 def _flash_attention_state() -> str:
@@ -249,6 +250,61 @@ def _doctor_history() -> None:
         except ValueError as exc:
             detail = f"unreadable ({exc}); ignored and rebuilt at the next load"
         click.echo(f"  {file.name}: {human_bytes(file.stat().st_size)}, {detail}")
+
+
+def _doctor_calibrations() -> None:
+    """Each cached calibration: its age, and how it was measured (only trusted ones are cached)."""
+    import time
+
+    from localspec.engine.calibration import age, cached_entries
+
+    entries = cached_entries()
+    click.echo(f"calibrations        {len(entries)} cached in {paths.calibration_file()} (`localspec calibrate ID --force` "
+               "measures again)")
+    for entry in entries:
+        c = entry.calibration
+        if c is None:
+            click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: unchecked (cached before calibrations were "
+                       "checked); measured again at the next load")
+            continue
+        state = "trusted" if c.trusted else f"not trusted: {c.problem}"
+        shape = f", 16 positions {c.costs[16] / c.costs[1]:.1f}x one" if 1 in c.costs and 16 in c.costs else ""
+        first = min(c.costs)
+        click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: {state}, {age(time.time() - c.measured_at)} old; "
+                   f"{first} position{'s' if first > 1 else ''} {c.costs[first] * 1e3:.1f} ms{shape} ({c.how()})")
+
+
+@cli.command()
+@click.argument("entry_id", required=False)
+@click.option("--force", is_flag=True, help="Measure even when a trusted calibration is cached (it is replaced only "
+                                            "by one that can be trusted too).")
+@click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True,
+              help="Context window the engine will load with (chat and run: 4096; serve: its --ctx).")
+def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
+    """Measure what verifying n positions costs on this machine, as drafts are priced by it.
+
+    The engine does this at its first load of a model and caches the result, but only a measurement
+    taken while the machine was quiet (its passes agree, llama.cpp's threads got their CPU time, no
+    other program was busy) is cached; an untrusted one is measured again between requests. ENTRY_ID
+    defaults to the default pair.
+    """
+    from localspec.catalog import load_catalog
+    from localspec.config import load_user_config
+    from localspec.loader import calibrate as run_calibration
+
+    entry = entry_id or load_catalog().default_pair
+    results = run_calibration(entry, n_ctx=n_ctx, force=force, flash_attn=load_user_config().flash_attn(),
+                              say=lambda m: click.echo(m, err=True))
+    for what, c, cached in results:
+        sizes = "  ".join(f"{n}:{c.costs[n] / c.costs[min(c.costs)]:.2f}x" for n in sorted(c.costs)[1:])
+        click.echo(f"{what}: {min(c.costs)} position{'s' if min(c.costs) > 1 else ''} {c.costs[min(c.costs)] * 1e3:.1f} ms"
+                   + (f"; {sizes}" if sizes else ""))
+        if cached:
+            click.echo("  cached and trusted (--force measures again)")
+        elif c.trusted:
+            click.echo(f"  trusted and cached: {c.how()}")
+        else:
+            click.echo(f"  NOT trusted, not cached: {c.problem}. Run this again when the machine is quiet.")
 
 
 # ----------------------------------------------------------------------------- generation
@@ -383,9 +439,12 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
                    "the KV cache (llama-server's --cache-reuse; an editor's window of the file slides). 0: prefix only.")
 @click.option("--no-history-drafts", is_flag=True,
               help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@click.option("--max-request-mb", type=click.FloatRange(0, min_open=True), default=None,
+              help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
+                   "max_request_mb, 8).")
 @rpc_options
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
-          gpu_layers, cache_reuse, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
+          gpu_layers, cache_reuse, no_history_drafts, max_request_mb, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -403,6 +462,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
+               max_body=int((max_request_mb or config.max_request_mb) * 2**20),
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

@@ -103,6 +103,7 @@ class UserConfig:
     history_drafts: bool = True
     rpc_workers: str = ""
     flash_attention: str = "auto"
+    max_request_mb: float = 8.0   # `localspec serve` refuses larger request bodies with 413 (--max-request-mb)
 
     def history(self, off: bool = False) -> str:
         """The engine's `history` option: a command's --no-history-drafts or this setting turns it off."""
@@ -144,5 +145,8 @@ def load_user_config() -> UserConfig:
     flash = {True: "on", False: "off"}.get(flash, flash)  # YAML reads a bare on / off as true / false
     if flash not in ("auto", "on", "off"):
         raise LocalspecError(f"{path}: flash_attention must be auto, on or off.")
+    max_mb = data.get("max_request_mb", UserConfig.max_request_mb)
+    if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) or max_mb <= 0:
+        raise LocalspecError(f"{path}: max_request_mb must be a number of megabytes above 0.")
     return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history, rpc_workers=workers,
-                      flash_attention=flash)
+                      flash_attention=flash, max_request_mb=float(max_mb))

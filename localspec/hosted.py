@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from localspec import errors, paths
 from localspec.engine.events import Event, Summary
@@ -59,6 +59,8 @@ def _child(conn, entry: str, options: dict[str, Any], log: str) -> None:
                 return
             if message[0] == "generate":
                 _generate(conn, engine, message[1], message[2])
+                if not conn.poll(0.5):  # idle: what the engine put off for a quiet moment
+                    engine.maintain(interrupt=conn.poll)
     finally:
         engine.close()
 
@@ -270,6 +272,9 @@ class HostedEngine:
 
     def reset(self) -> None:
         """Nothing to forget on this side; the child's caches go with it at the next reload."""
+
+    def maintain(self, interrupt: Callable[[], bool] = lambda: False) -> str:
+        return ""  # the child maintains its engine between requests (_child)
 
     def close(self) -> None:
         self._stop()

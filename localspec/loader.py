@@ -13,6 +13,7 @@ from localspec.engine.api import Engine, load_files
 from localspec.errors import LocalspecError
 
 if TYPE_CHECKING:
+    from localspec.engine.calibration import Calibration
     from localspec.hosted import HostedEngine
 
 
@@ -94,3 +95,37 @@ def _rpc_placement(workers: list[str], tensor_split: tuple[float, ...]) -> dict[
     check_workers(workers)
     return {"target_devices": tuple(backend.rpc_devices(workers)), "tensor_split": tensor_split,
             "placement": "rpc:" + ",".join(workers)}
+
+
+def calibrate(id_or_path: str, *, n_ctx: int = 4096, force: bool = False, flash_attn: bool | None = None,
+              say=lambda message: None) -> list[tuple[str, "Calibration", bool]]:
+    """Measure the verify costs of a pair's target (and its draft's own costs) as the engine would at
+    load, and cache those that can be trusted. Without `force`, a trusted cached calibration is kept.
+    Returns (what, calibration, from the cache) for each."""
+    from localspec.engine import calibration
+    from localspec.engine.backend import Model, ModelOptions
+
+    target_path, draft_path = resolve(id_or_path)
+    busy = calibration.others_busy_now(0.5)
+    if busy is not None and busy > calibration.QUIET_OTHERS_BUSY:
+        say(f"Other programs are using {busy:.0%} of the CPU: a calibration taken now is likely not trusted "
+            "(and then not cached). Measuring anyway...")
+    # (file, what, sizes, prefill): the engine's own calibrations of a pair (drafters/model.py for the draft's)
+    jobs: list[tuple[Path, str, tuple[int, ...], bool]] = [
+        (target_path, "target verify costs", calibration.CALIBRATION_SIZES, False)]
+    if draft_path is not None:
+        jobs += [(draft_path, "draft one-token cost", (1,), False), (draft_path, "draft prefill cost", (64,), True)]
+    out: list[tuple[str, calibration.Calibration, bool]] = []
+    models: dict[Path, Model] = {}
+    try:
+        for path, what, sizes, prefill in jobs:
+            if path not in models:
+                say(f"Loading {path.name}...")
+                models[path] = Model(path, ModelOptions(n_ctx=n_ctx, flash_attn=flash_attn))
+            say(f"Measuring {what} of {path.name}...")
+            calibrator = calibration.Calibrator(models[path], True, sizes, prefill, force=force)
+            out.append((f"{what} ({path.name})", calibrator.current, calibrator.from_cache))
+    finally:
+        for model in models.values():
+            model.close()
+    return out

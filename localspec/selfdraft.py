@@ -321,7 +321,7 @@ def search(target: Path, *, budget_s: float, prompts: Sequence[str] | None = Non
            n_threads: int | None = None, progress: Callable[[str], None] = lambda _m: None,
            work_dir: Path | None = None) -> Plan:
     """Evaluate candidate layer subsets within the time budget; return the best as a Plan (not yet saved)."""
-    from localspec.engine import adaptive
+    from localspec.engine.calibration import calibrated_costs
     from localspec.engine.adaptive import CostModel, speedup_bound
     from localspec.engine.backend import Model, ModelOptions
     from localspec.engine.session import ChatTemplate
@@ -338,7 +338,7 @@ def search(target: Path, *, budget_s: float, prompts: Sequence[str] | None = Non
         prompt_tokens = [template.tokens(vocab, [{"role": "user", "content": p}]) for p in texts]
         progress(f"the target's answers to {len(texts)} calibration prompts…")
         sequences = _teacher_tokens(model, prompt_tokens, answer_tokens)
-        cost = CostModel(verify_s=adaptive.calibrated_costs(model, True))
+        cost = CostModel(verify_s=calibrated_costs(model, True))
         best: Plan | None = None
         tried: set[tuple[int, ...]] = set()
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from localspec.engine import backend
 from localspec.engine.api import Engine, EngineOptions
-from localspec.engine.adaptive import CostModel, measure_verify_costs
+from localspec.engine.adaptive import CostModel
+from localspec.engine.calibration import measure_costs
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import answer_tokens
 
@@ -48,7 +49,7 @@ def main() -> int:
         print("  device", d)
     target = Model(Path(a.target), ModelOptions(n_ctx=2048))
     sizes = (1, 2, 3, 4, 6, 8, 12, 16)
-    costs = measure_verify_costs(target, sizes)
+    costs = measure_costs(target, sizes)
     report["verify_ms"] = {n: round(s * 1000, 3) for n, s in costs.items()}
     print("verify ms by batch size:", ", ".join(f"{n}:{s * 1000:.2f}" for n, s in costs.items()),
           f"  (8 cost {costs[8] / costs[1]:.2f}x one)")

@@ -32,7 +32,8 @@ import sys
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
-from localspec.engine.adaptive import CostModel, measure_verify_costs
+from localspec.engine.adaptive import CostModel
+from localspec.engine.calibration import measure_costs
 from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.speculative import Planner
 
@@ -71,7 +72,7 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
         data["answers"].append({"id": ident, "suite": suite, "prompt": engine.chat_tokens(messages),
                                 "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog"})
         print(f"{ident}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
-    data["verify_s"] = measure_verify_costs(engine.target, context_tokens=200, repeats=3)
+    data["verify_s"] = measure_costs(engine.target, context_tokens=200, repeats=3)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(data, f)
 

@@ -14,7 +14,7 @@ import argparse
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
-from localspec.engine.adaptive import CALIBRATION_SIZES, measure_verify_costs
+from localspec.engine.calibration import CALIBRATION_SIZES, measure_costs
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     print(backend.system_info())
     model = backend.Model(target, backend.ModelOptions(n_ctx=2048))
     for _ in range(args.rounds):
-        costs = measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens=args.context, repeats=3)
+        costs = measure_costs(model, sizes=CALIBRATION_SIZES, context_tokens=args.context, repeats=3)
         one = costs[1]
         print(f"{target.name}: one position {one * 1000:.1f} ms")
         print("  n     ms  x one  ceiling")

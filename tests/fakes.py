@@ -115,6 +115,10 @@ class ScriptedEngine:
                             wall_s=tally.draft_s + tally.verify_s or 1e-3, baseline_tokens_per_s=10.0, drafter="auto",
                             kv_tokens=10 + tally.generated - 1)
 
+    def maintain(self, interrupt=lambda: False) -> str:
+        self.maintained = getattr(self, "maintained", 0) + 1
+        return ""
+
     def close(self):
         self.closed = True
 

@@ -11,7 +11,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
-from toy import TWO_TOKEN_TOY, ToyModel, exact_two_tokens
+from toy import CpuScript, TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -203,7 +203,7 @@ def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
 
 def test_the_longest_drafts_are_lengths_the_planner_can_choose():
     """Lengths are chosen where the verify batch (k + 1 positions) was calibrated: the limits must be such lengths."""
-    from localspec.engine.adaptive import CALIBRATION_SIZES
+    from localspec.engine.calibration import CALIBRATION_SIZES
     from localspec.engine.drafters import CopyDrafter, HistoryDrafter, ModelDrafter
 
     for drafter in (CopyDrafter, HistoryDrafter, ModelDrafter):
@@ -552,10 +552,10 @@ def test_cache_reuse_keeps_a_run_that_moved_and_output_is_unchanged():
         assert next(iter(other.generate(prompt, max_tokens=1))).cached == len(before)
 
 
-def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path):
+def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path, monkeypatch):
     """A rebuilt llama.cpp (AVX2 -> AVX-512 kernels) halves batch costs: a calibration cached under the
     old build would price drafts by the old shape."""
-    from localspec.engine.adaptive import calibrated_costs
+    from localspec.engine.calibration import calibrated_costs
     from localspec.engine.backend import ModelOptions
 
     class Timed:
@@ -567,12 +567,16 @@ def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path):
 
         def decode(self, tokens, start, logits_for):
             self.decodes += 1
+            clock[0] += 0.01 * len(tokens)
 
         def truncate(self, n_keep):
             pass
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
+    clock = [0.0]
+    monkeypatch.setattr("localspec.engine.calibration.cpu_sample", CpuScript(threads=ModelOptions().threads()))
+    monkeypatch.setattr("localspec.engine.calibration.perf_counter", lambda: clock[0])
     first = Timed(gguf, "avx2")
     calibrated_costs(first)
     again = Timed(gguf, "avx2")
@@ -593,7 +597,7 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
     """Right after a load (RPC workers still warming up) decoding can run slow for a while: a size
     measured only then would look dearer than it is against the others, and drafts would be chosen by
     a wrong shape. Each repeat passes over every size, so every size gets a settled measurement."""
-    from localspec.engine.adaptive import measure_verify_costs
+    from localspec.engine.calibration import measure_costs
 
     settled = {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}
 
@@ -612,7 +616,7 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
             pass
 
     model = Warming()
-    assert measure_verify_costs(model, sizes=tuple(settled), repeats=3, clock=lambda: model.now) == settled
+    assert measure_costs(model, sizes=tuple(settled), repeats=3, clock=lambda: model.now) == settled
 
 
 def test_a_draft_models_catch_up_is_priced_by_its_own_measured_prefill():

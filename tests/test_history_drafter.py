@@ -228,3 +228,53 @@ def test_a_full_disk_is_a_warning_not_a_crash(tmp_path, monkeypatch):
     drafter.close()
     assert "No space left on device" in drafter.warning and not file.exists()
     assert not list(file.parent.glob("*.tmp"))
+
+
+SAVER = """
+import sys, time
+from pathlib import Path
+from localspec.engine.drafters.history import HistoryDrafter, load_index
+file, start, go = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+index, warning = load_index(file, "model|1|256", 256)
+drafter = HistoryDrafter(index, file, "model|1|256", warning, n_vocab=256)
+drafter.finish([1, 2, 3], list(range(start, start + 30)))
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.01)
+drafter.close()
+"""
+
+
+def test_two_processes_saving_one_history_keep_both_requests(tmp_path):
+    """A chat and a server on one target each keep the history index in memory: the one that saves
+    last must not drop what the other saved (it merges the file's new requests in, under a lock)."""
+    import subprocess
+    import sys
+
+    file, go = tmp_path / "history" / "model.npz", tmp_path / "go"
+    early, _ = _drafter_with(tmp_path, [list(range(150, 180))])  # a request stored before both started
+    early._dirty = True
+    early.save()
+    procs = [subprocess.Popen([sys.executable, "-c", SAVER, str(file), str(start), str(go)], stdout=subprocess.PIPE,
+                              text=True) for start in (10, 100)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"  # both read the file before either saved
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    index, warning = load_index(file, "model|1|256", 256)
+    assert warning is None
+    for start in (10, 100, 150):
+        assert index.propose(list(range(start, start + 10)), 5)[0] == list(range(start + 10, start + 15)), start
+
+
+def test_clearing_the_history_is_not_undone_by_the_stored_file(tmp_path):
+    drafter, file = _drafter_with(tmp_path, [list(range(10, 40))])
+    drafter._dirty = True
+    drafter.save()
+    other = HistoryDrafter(load_index(file, "model|1|256", 256)[0], file, "model|1|256", n_vocab=256)
+    other.clear()
+    other.finish([1, 2, 3], list(range(100, 130)))
+    other.save()
+    index, _ = load_index(file, "model|1|256", 256)
+    assert index.propose(list(range(10, 20)), 5)[0] == [] and index.propose(list(range(100, 110)), 3)[0] == [110, 111, 112]

@@ -328,3 +328,25 @@ async def test_chat_connect_streams_from_the_server_over_its_socket(server):
             await pilot.pause(0.05)
         answer = app.history.messages(app.conversation.id)[-1]
         assert answer.status == "complete" and answer.stats["generated_tokens"] >= 1 and answer.content
+
+
+def test_an_oversized_body_is_refused_before_it_is_read_and_the_server_keeps_answering(server):
+    """A 30 MB body was tokenized before the context check refused it: the cap (settings.yaml's
+    max_request_mb, 8 MB by default) answers 413 from the headers, or after reading at most the cap of a
+    chunked body, and the next request is served."""
+    big = b'{"prompt": "' + b"x" * (9 * 2**20) + b'", "n_predict": 4}'
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/completion", content=big, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and "8 MB" in r.json()["error"]["message"]
+
+        def chunks():
+            for _ in range(12):
+                yield b"x" * 2**20
+
+        r = client.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and "larger than this server accepts" in r.json()["error"]["message"]
+        r = client.post("/completion", json={"prompt": "Hello", "n_predict": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["content"]
+        chunked_ok = client.post("/completion", content=iter([b'{"prompt": "Hi", ', b'"n_predict": 2}']),
+                                 headers={"Content-Type": "application/json"})
+        assert chunked_ok.status_code == 200 and "content" in chunked_ok.json()

@@ -118,3 +118,22 @@ def exact_two_tokens(prompt: list[int], **toy) -> dict[tuple[int, int], float]:
     p1 = softmax(target.logits_at(prompt))
     n = target.n_vocab
     return {(a, b): p1[a] * softmax(target.logits_at(prompt + [a]))[b] for a in range(n) for b in range(n)}
+
+
+class CpuScript:
+    """Stands in for `engine.calibration.cpu_sample`: each call is `wall_step` seconds after the last,
+    in which this process used `share` of `threads` cores and other programs `others` of `cores`."""
+
+    def __init__(self, share: float = 1.0, others: float = 0.0, threads: int = 1, cores: int = 1, wall_step: float = 1.0):
+        self.share, self.others, self.threads, self.cores, self.wall_step = share, others, threads, cores, wall_step
+        self.wall = self.process = self.busy = 0.0
+
+    def __call__(self):
+        from localspec.engine.calibration import CpuSample
+
+        sample = CpuSample(self.wall, self.process, self.busy)
+        own = self.share * self.threads * self.wall_step
+        self.wall += self.wall_step
+        self.process += own
+        self.busy += own + self.others * self.cores * self.wall_step
+        return sample

@@ -9,24 +9,9 @@ wins, and k = 0 (plain decoding) wins whenever drafting does not pay.
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import os
-import platform
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
-
-from localspec import paths
-
-# Verify batch sizes measured at load, up to the most logits rows one decode returns
-# (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU
-# (AVX-512 build, 2 cores: 16 positions 6x one position's time, 32 10x, 64 18x; AVX2: 16 9x, 32 17x),
-# so only a copy that is nearly sure to be kept whole drafts that long: a regenerated answer drafted
-# from history. scripts/verify_costs.py prints the table for this machine and build.
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
 
 @dataclass
 class CostModel:
@@ -70,6 +55,13 @@ class CostModel:
         a, b = sizes[i - 1], sizes[i]
         t = (n - a) / (b - a)
         return table[a] * (1 - t) + table[b] * t
+
+    def recalibrate(self, verify_s: dict[int, float], scale: float = 1.0) -> None:
+        """A new calibration (engine.calibration.Calibrator.remeasure) replaces the table in place:
+        every drafter prices with this object."""
+        self.verify_s = dict(verify_s)
+        self.scale = scale
+        self.__post_init__()
 
     def observe(self, n: int, seconds: float) -> None:
         # A stall (another process, a page fault) is not what a batch costs: one round moves the factor
@@ -267,87 +259,3 @@ def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
     if best_rate < plain * (1 + margin):
         return 0, plain
     return best_k, best_rate
-
-
-# ----------------------------------------------------------------------------- calibration
-
-
-def machine_key(model_path: Path, threads: int, gpu_layers: int) -> str:
-    st = os.stat(model_path)
-    return "|".join(str(x) for x in (
-        Path(model_path).resolve(), st.st_size, int(st.st_mtime), platform.node(), os.cpu_count(), threads, gpu_layers,
-    ))
-
-
-def load_cached(key: str) -> dict | None:
-    try:
-        data = json.loads(paths.calibration_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data.get(key)
-
-
-def store_cached(key: str, value: dict) -> None:
-    file = paths.calibration_file()
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    data[key] = value
-    paths.ensure(file.parent)
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, file)
-
-
-def measure_verify_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 2,
-                         clock: Callable[[], float] = time.perf_counter, prefill: bool = False) -> dict[int, float]:
-    """Time decoding n positions (logits for all; `prefill`: for the last only, as a prompt or a draft
-    model's catch-up asks) after a short context; the cache is left empty.
-
-    Each repeat is a pass over every size, and a size costs the least it took in any pass: a slow
-    spell (RPC workers still warming up after the load, another process) then slows every size of
-    one pass, not the repeats of one size, whose inflated cost would distort the shape drafts are
-    chosen by (measured through RPC workers: one position at 91 ms after the load, 61-66 ms later)."""
-    n_vocab = model.n_vocab
-    filler = [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(context_tokens + max(sizes))]
-    model.truncate(0)
-    model.decode(filler[:context_tokens], 0, [context_tokens - 1])
-    model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up
-    model.truncate(context_tokens)
-    costs = {n: math.inf for n in sizes if context_tokens + n <= model.n_ctx}
-    for _ in range(repeats):
-        for n in costs:
-            batch = filler[context_tokens:context_tokens + n]
-            t0 = clock()
-            model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
-            costs[n] = min(costs[n], clock() - t0)
-            model.truncate(context_tokens)
-    model.truncate(0)
-    lowest = math.inf
-    for n in sorted(costs, reverse=True):  # a smaller batch never costs more; smooth out timing noise
-        lowest = costs[n] = min(costs[n], lowest)
-    return costs
-
-
-def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False) -> dict[int, float]:
-    """Verify costs by batch size (`prefill`: prefill costs, see `measure_verify_costs`): from the cache
-    when this model file was measured on this machine."""
-    path = getattr(model, "path", None)
-    key = None
-    if path is not None and Path(path).exists():
-        opts = model.options
-        key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
-        key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
-        if getattr(opts, "placement", ""):
-            key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
-        if getattr(opts, "flash_attn", None) is not None:
-            key += f"|fa={opts.flash_attn}"  # a verify batch's cost grows with the context faster with it
-        key += "|prefill" if prefill else ""
-        cached = load_cached(key) if enabled else None
-        if cached:
-            return {int(k): float(v) for k, v in cached.items()}
-    costs = measure_verify_costs(model, sizes=sizes, repeats=3 if enabled else 1, prefill=prefill)
-    if key and enabled:
-        store_cached(key, {str(k): v for k, v in costs.items()})
-    return costs

@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from localspec import paths
-from localspec.engine import adaptive
 from localspec.engine.adaptive import CostModel
+from localspec.engine.calibration import Calibrator, Interrupted
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import Drafter, Sources, build
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
-from localspec.engine.speculative import Planner, speculate
+from localspec.engine.speculative import Planner, Step, speculate
+from localspec.engine.speedup import PlainRounds, Speedup, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
 
 
@@ -55,7 +56,11 @@ class Engine:
         self.slots = [KvSequence(target, seq=i) for i in range(getattr(target, "n_seq", 1))]
         self.kv = self.slots[0]
         self._requests = 0
-        self.cost = cost or self._calibrated_cost()
+        # The target's verify costs: given (tests), or calibrated (trusted cache, or measured now and
+        # measured again between requests while untrusted or contradicted: engine/calibration.py).
+        self.calibrator = None if cost is not None else Calibrator(target, self.options.calibrate)
+        self.cost = cost or CostModel(verify_s=dict(self.calibrator.current.costs if self.calibrator else {}))
+        self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
         self._drafters: list[Drafter] = build(Sources(
             target=target, draft=draft, self_draft=self_draft, p_min=opts.draft_p_min, calibrate=opts.calibrate,
@@ -64,11 +69,10 @@ class Engine:
         self._template = template
         self._planner: Planner | None = None
         self._lock = threading.Lock()
+        self._maintaining = False
+        self._make_way = threading.Event()  # a request asks maintenance to stop
 
     # ------------------------------------------------------------------ setup
-
-    def _calibrated_cost(self) -> CostModel:
-        return CostModel(verify_s=adaptive.calibrated_costs(self.target, self.options.calibrate))
 
     @property
     def template(self) -> ChatTemplate:
@@ -95,7 +99,9 @@ class Engine:
 
     @property
     def baseline_tokens_per_s(self) -> float:
-        return self.cost.plain_tokens_per_s
+        """Plain decoding at a short context: measured in this process when it has been, else the estimate."""
+        measured = self.plain_rounds.per_token_s(0)
+        return 1.0 / measured if measured else self.cost.plain_tokens_per_s
 
     @property
     def vocab(self):
@@ -151,7 +157,14 @@ class Engine:
 
     def _generate(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
         if not self._lock.acquire(blocking=False):
-            raise LocalspecError("This engine is already generating; one generation at a time.")
+            if not self._maintaining:
+                raise LocalspecError("This engine is already generating; one generation at a time.")
+            self._make_way.set()  # maintenance lets go within one calibration batch
+            try:
+                if not self._lock.acquire(timeout=30):
+                    raise LocalspecError("The engine is busy measuring its costs; try again.")
+            finally:
+                self._make_way.clear()
         try:
             yield from self._run(prompt, max_tokens, sampling, mode, fixed, stop, cancel)
         finally:
@@ -162,7 +175,7 @@ class Engine:
         carry over from one request to the next (each drafter decides what restarts per request)."""
         if self._planner is None:
             self._planner = Planner(mode=mode, cost=self.cost, drafters=self._drafters, fixed_len=fixed,
-                                    learn_costs=self.options.learn_costs)
+                                    learn_costs=self.options.learn_costs, plain_wanted=self.plain_rounds.wanted)
         self._planner.configure(mode, fixed, budget, replayable)
         return self._planner
 
@@ -181,12 +194,18 @@ class Engine:
         yield prefill
 
         sampler, stream, tally = Sampler(sampling, self._infill_vocab()), TextStream(stop), Tally()
+        meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
         first_token_s = 0.0
         stop_reason = "cancelled"
-        t_start = time.perf_counter()
+        t_start = t_round = time.perf_counter()
         for step in speculate(self.kv, context, planner, sampler, cancel):
+            now = time.perf_counter()
+            seconds, t_round = now - t_round, now
             kept, ended = self._within_budget(step, max_tokens - tally.generated)
-            event = self._round(step, kept, ended, stream, tally.rounds)
+            context_len = len(context) - step.accepted - 1
+            speedup = meter.add(context_len, seconds, len(kept), bool(step.draft.tokens))
+            self._learn(step, context_len)
+            event = self._round(step, kept, ended, stream, tally.rounds, seconds, speedup)
             ended = ended or ("stop" if stream.stopped else None)
             tally.add(event)
             if not first_token_s and event.emitted:
@@ -207,6 +226,14 @@ class Engine:
                             baseline_tokens_per_s=self.cost.plain_tokens_per_s,
                             drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
                             kv_tokens=len(self.kv.tokens))
+
+    def _learn(self, step: Step, context_len: int) -> None:
+        """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""
+        if self.calibrator is None:
+            return
+        if not step.draft.tokens:
+            self.calibrator.observe_plain(context_len, step.verify_s)
+        self.calibrator.observe_scale(self.cost.scale)
 
     def _infill_vocab(self) -> InfillVocab:
         vocab = self.target.vocab
@@ -251,7 +278,8 @@ class Engine:
                 return kept, "length"
         return kept, None
 
-    def _round(self, step, kept: list[int], ended: str | None, stream: TextStream, index: int) -> Round:
+    def _round(self, step, kept: list[int], ended: str | None, stream: TextStream, index: int, seconds: float,
+               speedup: Speedup) -> Round:
         """The round as the front doors see it: what was kept, rejected and supplied, and its text."""
         vocab = self.target.vocab
         accepted = tuple(kept[:step.accepted])
@@ -284,7 +312,38 @@ class Engine:
             verify_s=step.verify_s,
             evidence=step.draft.evidence,
             pieces=tuple(pieces),
+            seconds=seconds,
+            speedup=speedup.factor,
+            baseline_tokens_per_s=speedup.baseline_tokens_per_s,
+            baseline_measured=speedup.measured,
         )
+
+    # ------------------------------------------------------------------ between requests
+
+    def maintain(self, interrupt=lambda: False) -> str:
+        """Between requests, never during an answer: measure the target's verify costs again when its
+        calibration is due (untrusted at load, or contradicted by live rounds) and the machine is quiet.
+        `interrupt` is asked between calibration batches; a request that arrives meanwhile stops it too
+        (generate waits for it to let go). Returns what was done, "" when nothing."""
+        calibrator = self.calibrator
+        if calibrator is None or not (why := calibrator.due):
+            return ""
+        self._maintaining = True
+        if not self._lock.acquire(blocking=False):
+            self._maintaining = False
+            return ""
+        try:
+            fresh = calibrator.remeasure(self.cost.scale, interrupt=lambda: self._make_way.is_set() or interrupt())
+        except Interrupted:
+            fresh = None
+        finally:
+            self.slots[0].reset()  # measuring used sequence 0
+            self._maintaining = False
+            self._lock.release()
+        if fresh is None:
+            return ""
+        self.cost.recalibrate(fresh.costs, calibrator.reference_scale)
+        return f"measured the target's verify costs again: {why}"
 
     # ------------------------------------------------------------------ lifetime
 

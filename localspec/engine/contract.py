@@ -9,7 +9,7 @@ and the model files, take the local `Engine` itself. Checked by mypy (tests/test
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event
@@ -67,6 +67,12 @@ class ChatEngine(Protocol):
              cancel: threading.Event | None = None) -> Iterator[Event]:
         """Prefill, one Round per draft/verify step, then a Summary. Raises LocalspecError for a request
         the engine refuses (an unavailable drafter, a prompt longer than the context)."""
+        ...
+
+    def maintain(self, interrupt: Callable[[], bool] = ...) -> str:
+        """Between answers, never during one: work the engine put off for a quiet moment (measuring
+        its costs again, engine/calibration.py). Stops early when `interrupt` says so or a request
+        arrives. Returns what was done ("" for nothing)."""
         ...
 
     def close(self) -> None: ...

@@ -41,6 +41,10 @@ class Round:
     verify_s: float
     evidence: int = 0                 # n-gram match length behind the draft, 0 otherwise
     pieces: tuple[str, ...] = ()      # the decoded text of each emitted token (accepted ones, then the target's)
+    seconds: float = 0.0              # the round's wall time, from the end of the one before
+    speedup: float = 0.0              # the answer's speedup so far (engine/speedup.py: the one rule)
+    baseline_tokens_per_s: float = 0.0  # plain decoding's rate on the answer so far, by that rule
+    baseline_measured: bool = False   # from measured plain rounds (False: the calibration's estimate)
 
     @property
     def drafted(self) -> int:
@@ -73,8 +77,8 @@ class Summary:
     drafted_by_position: tuple[int, ...]
     draft_s: float
     verify_s: float
-    baseline_tokens_per_s: float      # plain decoding on the same target, measured
-    speedup: float
+    baseline_tokens_per_s: float      # plain decoding's rate on this answer's tokens (engine/speedup.py)
+    speedup: float                    # plain-equivalent time over time taken; 1.0 when nothing was drafted
     drafter: str                      # the drafter setting ("auto", a registered drafter, or "none")
     rounds_by_drafter: dict[str, int] = field(default_factory=dict)
     first_token_s: float = 0.0        # from the request to the first answer token: prompt + first round
@@ -82,6 +86,7 @@ class Summary:
     kv_tokens: int = 0                # tokens in the target's KV cache after the answer (what a next request can reuse)
     drafted_by_drafter: dict[str, int] = field(default_factory=dict)   # draft tokens each drafter proposed
     accepted_by_drafter: dict[str, int] = field(default_factory=dict)  # and how many of them the target kept
+    baseline_measured: bool = False   # the baseline came from measured plain rounds, not the calibration's estimate
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
@@ -89,7 +94,8 @@ class Summary:
     def one_line(self) -> str:
         return (
             f"{self.generated_tokens} tokens in {self.wall_s:.2f}s: {self.tokens_per_s:.1f} tok/s "
-            f"(plain {self.baseline_tokens_per_s:.1f} tok/s, {self.speedup:.2f}x), "
+            f"({'plain' if self.baseline_measured else 'plain est.'} {self.baseline_tokens_per_s:.1f} tok/s, "
+            f"{self.speedup:.2f}x), "
             f"acceptance {self.acceptance_rate:.0%} of {self.drafted} drafted, "
             f"{self.mean_accepted_per_round:.2f} accepted/round, first token after {self.first_token_s:.2f}s, "
             f"stop: {self.stop_reason}"
@@ -134,6 +140,9 @@ class Tally:
         self.by_drafter: dict[str, int] = {}
         self.drafted_by: dict[str, int] = {}
         self.accepted_by: dict[str, int] = {}
+        self.speedup = 0.0            # the latest round's figures (engine/speedup.py)
+        self.baseline_tokens_per_s = 0.0
+        self.baseline_measured = False
 
     def add(self, r: Round) -> None:
         self.rounds += 1
@@ -143,6 +152,9 @@ class Tally:
         self.draft_s += r.draft_s
         self.verify_s += r.verify_s
         self.by_drafter[r.drafter] = self.by_drafter.get(r.drafter, 0) + 1
+        if r.speedup > 0:
+            self.speedup, self.baseline_tokens_per_s, self.baseline_measured = (
+                r.speedup, r.baseline_tokens_per_s, r.baseline_measured)
         if r.drafted:
             self.drafting_rounds += 1
             self.drafted_by[r.drafter] = self.drafted_by.get(r.drafter, 0) + r.drafted
@@ -156,7 +168,15 @@ class Tally:
 
     def summary(self, *, text: str, stop_reason: str, prefill: Prefill, wall_s: float,
                 baseline_tokens_per_s: float, drafter: str, first_token_s: float = 0.0, kv_tokens: int = 0) -> Summary:
+        """`baseline_tokens_per_s`: the estimate to fall back on when no round carried the speedup
+        (engines that predate it); otherwise the rounds' own figures are the answer's."""
         tps = self.generated / wall_s if wall_s > 0 else 0.0
+        if self.speedup > 0:
+            speedup, measured = self.speedup, self.baseline_measured
+            baseline_tokens_per_s = tps / speedup if tps > 0 else self.baseline_tokens_per_s
+        else:
+            speedup = tps / baseline_tokens_per_s if baseline_tokens_per_s > 0 else 0.0
+            measured = False
         return Summary(
             text=text,
             stop_reason=stop_reason,
@@ -176,7 +196,7 @@ class Tally:
             draft_s=self.draft_s,
             verify_s=self.verify_s,
             baseline_tokens_per_s=baseline_tokens_per_s,
-            speedup=tps / baseline_tokens_per_s if baseline_tokens_per_s > 0 else 0.0,
+            speedup=speedup,
             drafter=drafter,
             rounds_by_drafter=dict(self.by_drafter),
             first_token_s=first_token_s,
@@ -184,4 +204,5 @@ class Tally:
             kv_tokens=kv_tokens,
             drafted_by_drafter=dict(self.drafted_by),
             accepted_by_drafter=dict(self.accepted_by),
+            baseline_measured=measured,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -21,6 +21,12 @@ from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled
+
+# A draft promising less than this over plain decoding gives way to a plain round where plain decoding
+# has not been measured at the context's length yet (Planner.plain_wanted): at most
+# speedup.MIN_SAMPLES such rounds per context bucket, each costing at most this share of one round.
+PLAIN_PROBE_GAIN = 0.3
+
 
 @dataclass
 class Step:
@@ -93,7 +99,10 @@ class Planner:
     (experiments), a lookup's proposal first. After `probe_every` rounds in which nothing was worth
     drafting, the model drafter tried least recently gets a one-token probe, so that a change in the
     text is noticed; each probe doubles the wait for the next one until a drafter wins a round on its
-    own merit again. scripts/replay_planner.py replays these rules offline on recorded answers.
+    own merit again. Where `plain_wanted` says plain decoding has not been measured at this context
+    length (engine/speedup.py), a draft promising less than PLAIN_PROBE_GAIN over plain decoding is
+    skipped for a plain round: the speedup shown is then measured, for the price of a few small drafts.
+    scripts/replay_planner.py replays these rules offline on recorded answers.
     """
 
     mode: str
@@ -105,6 +114,7 @@ class Planner:
     learn_costs: bool = True
     budget: int = 512           # answer tokens the request may still produce (prices a model drafter's catch-up)
     replayable: bool = False    # the request's answer is a function of its context alone (Plan.replayable)
+    plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
     _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter drafted on request
     _waited: int = 0            # rounds without a draft worth making since the last probe
     _probe_wait: int = 0        # rounds to wait before the next probe
@@ -154,6 +164,8 @@ class Planner:
         if viable:
             drafter, offer = max(viable, key=lambda pair: pair[1].rate)
             self._probe_wait = self.probe_every
+            if self._plain_probe(len(context), offer):
+                return Draft.empty()
         else:
             probe = self._probe(context, plan)
             if probe is None:
@@ -164,6 +176,12 @@ class Planner:
             return offer.draft
         self._since_tried[drafter.name] = 0
         return drafter.draft(context, offer.length, sampler)
+
+    def _plain_probe(self, context_len: int, offer: Offer) -> bool:
+        """Whether to decode this round plainly, to measure plain decoding at this context length."""
+        if self.fixed_len is not None or self.plain_wanted is None or offer.draft is not None and offer.draft.replay:
+            return False
+        return offer.rate < (1 + PLAIN_PROBE_GAIN) / self.cost.verify(1) and self.plain_wanted(context_len)
 
     def _probe(self, context: list[int], plan: Plan) -> tuple[Drafter, Offer] | None:
         """A one-token probe by the drafter tried least recently, when the wait is over; or None."""

@@ -17,6 +17,10 @@ from localspec.server.common import ApiError, Served, compact
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 OPEN_PATHS = {"/health", "/metrics"}
+# Far above any editor's or chat client's request (a 32k-token context is ~130 KB of JSON), far below
+# what would tie the server up tokenizing before the context check refuses it. settings.yaml's
+# max_request_mb and `serve --max-request-mb` change it.
+MAX_BODY_BYTES = 8 * 2**20
 
 
 class Guard:
@@ -25,21 +29,58 @@ class Guard:
     `request.is_disconnected()` never sees a client that left, and a non-streaming completion that an
     editor abandoned (llama.vim kills its curl as the user types on) would run to its end."""
 
-    def __init__(self, app, refusal) -> None:
+    def __init__(self, app, refusal, max_body: int = MAX_BODY_BYTES) -> None:
         self.app = app
         self.refusal = refusal
+        self.max_body = max_body
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            response = self.refusal(Request(scope))
+            request = Request(scope)
+            response = self.refusal(request)
+            if response is None:
+                response, receive = await self._bounded(request, receive)
             if response is not None:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
+    async def _bounded(self, request: Request, receive):
+        """A 413 for a body over the limit, decided before it is read: by its Content-Length, or, for a
+        chunked body, by reading at most the limit (then handed on to the app as it arrived)."""
+        too_big = _error(request, 413, f"The request body is larger than this server accepts "
+                                       f"({self.max_body / 2**20:g} MB; serve --max-request-mb raises it).",
+                         "invalid_request_error")
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                return (too_big if int(length) > self.max_body else None), receive
+            except ValueError:
+                return _error(request, 400, "Invalid Content-Length header.", "invalid_request_error"), receive
+        if request.method in ("GET", "HEAD", "OPTIONS") or "chunked" not in request.headers.get("transfer-encoding", ""):
+            return None, receive
+        held, size = [], 0
+        while True:
+            message = await receive()
+            held.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_body:
+                return too_big, receive
+            if not message.get("more_body", False):
+                break
 
-def create_server_app(served: Served, *, api_key: str | None = None, any_host: bool = False) -> FastAPI:
-    """`any_host`: accept any Host header (only when bound beyond loopback, where the API key is required)."""
+        async def replay():
+            return held.pop(0) if held else await receive()
+
+        return None, replay
+
+
+def create_server_app(served: Served, *, api_key: str | None = None, any_host: bool = False,
+                      max_body: int = MAX_BODY_BYTES) -> FastAPI:
+    """`any_host`: accept any Host header (only when bound beyond loopback, where the API key is required).
+    `max_body`: bytes of request body accepted (413 beyond)."""
     app = FastAPI(title="localspec", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
 
@@ -60,7 +101,7 @@ def create_server_app(served: Served, *, api_key: str | None = None, any_host: b
                               "authentication_error")
         return None
 
-    app.add_middleware(Guard, refusal=refusal)
+    app.add_middleware(Guard, refusal=refusal, max_body=max_body)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -263,6 +263,7 @@ def speculation(summary: Summary) -> dict:
         "tokens_per_s": round(summary.tokens_per_s, 3),
         "baseline_tokens_per_s": round(summary.baseline_tokens_per_s, 3),
         "speedup": round(summary.speedup, 3),
+        "baseline_measured": summary.baseline_measured,
         "first_token_s": round(summary.first_token_s, 4),
         "acceptance_by_position": [round(x, 4) for x in summary.acceptance_by_position],
     }

@@ -135,7 +135,7 @@ class Running:
 
 
 def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, socket_path: Path | None = None,
-                    api_key: str | None = None) -> Running:
+                    api_key: str | None = None, **app_options) -> Running:
     import uvicorn
 
     from localspec.server.app import create_server_app
@@ -143,7 +143,7 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
     sockets = [bind_tcp(host, port)]
     if socket_path is not None:
         sockets.append(bind_unix(socket_path))
-    app = create_server_app(served, api_key=api_key)
+    app = create_server_app(served, api_key=api_key, **app_options)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=3))
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
@@ -159,7 +159,7 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
 def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_key: str | None,
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
-          cache_reuse: int = 16, flash_attn: bool | None = None) -> None:
+          cache_reuse: int = 16, flash_attn: bool | None = None, max_body: int | None = None) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -176,7 +176,8 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     for warning in engine.warnings:
         say(f"warning: {warning}")
     served = served_for(engine, entry_id, temperature)
-    app = create_server_app(served, api_key=api_key, any_host=remote)
+    app = create_server_app(served, api_key=api_key, any_host=remote,
+                            **({"max_body": max_body} if max_body is not None else {}))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{tcp.getsockname()[1]}"
     say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {len(engine.slots)} slots of "

@@ -3,7 +3,9 @@
 A request's events cross from that thread to the event loop through an asyncio queue. A client that
 goes away sets the request's cancel event, which the engine checks between rounds, so the engine is
 free again within one round. Consecutive requests that share a prompt prefix (an editor completing
-in one file, a chat's next turn) reuse the engine's KV cache for that prefix.
+in one file, a chat's next turn) reuse the engine's KV cache for that prefix. When the queue is empty
+the thread lets the engine do what it put off for a quiet moment (`maintain`: measuring its costs
+again), which the next request interrupts.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Scheduler:
         self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._busy = False
+        self.maintenance = ""  # what the engine last did between requests
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
 
@@ -128,6 +131,16 @@ class Scheduler:
                 self._run(job)
             finally:
                 self._busy = False
+            if self._queue.empty():
+                self._maintain()
+
+    def _maintain(self) -> None:
+        try:
+            done = self.engine.maintain(interrupt=lambda: not self._queue.empty())
+        except Exception as exc:  # maintenance must never take the server down
+            done = f"maintenance failed: {type(exc).__name__}: {exc}"
+        if done:
+            self.maintenance = done
 
     def _run(self, job: Job) -> None:
         loop, events = job.loop, job.events

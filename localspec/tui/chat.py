@@ -206,6 +206,10 @@ class ChatScreen(Screen):
             stats = {k: v for k, v in event.to_dict().items() if k != "text"} | {"one_line": event.one_line()}
             await self._finish(event.text, status, stats)
 
+    @on(ChatLog.Maintained)
+    def _maintained(self, message: ChatLog.Maintained) -> None:
+        self.notify(message.what[0].upper() + message.what[1:] + ".", timeout=6)
+
     @on(ChatLog.Failed)
     async def _failed(self, message: ChatLog.Failed) -> None:
         answer = self.log_view.current

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from localspec import paths
 from localspec.engine.contract import ChatEngine, available_drafters, describe_drafters
@@ -102,6 +102,9 @@ class RemoteEngine:
         yield tally.summary(text=text, stop_reason="cancelled", prefill=prefill or Prefill(0, 0, 0, 0.0),
                             wall_s=time.perf_counter() - t0, baseline_tokens_per_s=self.baseline_tokens_per_s,
                             drafter=str(body.get("drafter") or "auto"))
+
+    def maintain(self, interrupt: Callable[[], bool] = lambda: False) -> str:
+        return ""  # the server maintains its engine when it is idle
 
     def close(self) -> None:
         self.client.close()

@@ -308,8 +308,11 @@ class DetailsScreen(ModalScreen[None]):
                                f"({s.get('prompt_evaluated', 0)} evaluated, {s.get('prompt_s', 0):.2f}s)"),
                     ("first token", f"after {s.get('first_token_s', 0):.2f}s (prompt and first round)"),
                     ("throughput", f"{s.get('tokens_per_s', 0):.1f} tok/s in {s.get('wall_s', 0):.2f}s"),
-                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s (estimate: one-token decode "
-                                       "of this target, timed at load and tracked while answering)"),
+                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s " + (
+                        "(measured: this session's plain rounds at a similar context length)"
+                        if s.get("baseline_measured") else
+                        "(estimate: no plain rounds measured yet at this context length; the one-token cost "
+                        "timed at load)")),
                     ("speedup", f"{s.get('speedup', 0):.2f}×"),
                     ("drafted", f"{s.get('drafted', 0)} tokens, {s.get('accepted', 0)} accepted "
                                 f"({s.get('acceptance_rate', 0):.0%}), {s.get('mean_accepted_per_round', 0):.2f} per round"),

@@ -193,6 +193,12 @@ class ChatLog(VerticalScroll):
         event: Prefill | Round | Summary
 
     @dataclass
+    class Maintained(Message):
+        """The engine did, between answers, what it had put off (measured its costs again)."""
+
+        what: str
+
+    @dataclass
     class Failed(Message):
         error: str
 
@@ -252,6 +258,10 @@ class ChatLog(VerticalScroll):
         try:
             for event in engine.chat(messages, cancel=cancel, **options):
                 self.post_message(self.Streamed(event))
+            # The answer is shown; the engine's put-off work runs now, until the next prompt or a model
+            # switch (both set `cancel` or make the engine ask it to stop).
+            if done_between := engine.maintain(interrupt=cancel.is_set):
+                self.post_message(self.Maintained(done_between))
         except LocalspecError as exc:
             self.post_message(self.Failed(str(exc)))
         except Exception as exc:  # an engine failure mid-answer must not take the app (or the history) down
@@ -282,6 +292,8 @@ class StatsPanel(Vertical):
         self._reset()
 
     def _reset(self) -> None:
+        self.speedup = 0.0            # the engine's figure (engine/speedup.py); 0: none yet
+        self.measured = False         # its baseline came from measured plain rounds
         self.tally = Tally()
         self.started = 0.0
         self.requested = time.perf_counter()
@@ -303,8 +315,10 @@ class StatsPanel(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#stats-numbers", Static).tooltip = (
-            "plain est: what plain decoding of this target runs at here - a one-token decode timed at load "
-            "and tracked while answering (`localspec bench` compares with llama-cpp-python's own Llama).\n"
+            "plain: what plain decoding of this target runs at on this answer's tokens - the rounds that "
+            "drafted nothing, timed in this session at a similar context length ('plain est': not measured "
+            "yet, the one-token cost timed at load). speedup: the time plain decoding would have taken over "
+            "the time taken (`localspec bench` compares with llama-cpp-python's own Llama).\n"
             "1st token: from sending to the first answer token (prompt evaluation and the first round).")
         self.refresh_numbers()
 
@@ -327,6 +341,9 @@ class StatsPanel(Vertical):
             if event.drafted == 0 and event.token is None:
                 return  # text released at the end, not a decoding step
             self.tally.add(event)
+            if event.speedup > 0:
+                self.speedup, self.baseline, self.measured = (event.speedup, event.baseline_tokens_per_s,
+                                                              event.baseline_measured)
             if not self.first_token_s and event.emitted:
                 self.first_token_s = time.perf_counter() - self.requested
             elapsed = time.perf_counter() - self.started
@@ -342,6 +359,7 @@ class StatsPanel(Vertical):
             self.first_token_s = event.first_token_s or self.first_token_s
             if event.baseline_tokens_per_s:
                 self.baseline = event.baseline_tokens_per_s
+            self.speedup, self.measured = event.speedup, event.baseline_measured
         self.refresh_numbers()
 
     def show_stored(self, stats: dict) -> None:
@@ -356,20 +374,23 @@ class StatsPanel(Vertical):
         self.tokens_per_s = stats.get("tokens_per_s", 0.0)
         self.first_token_s = stats.get("first_token_s", 0.0)
         self.baseline = stats.get("baseline_tokens_per_s", 0.0) or self.baseline
+        self.speedup = stats.get("speedup", 0.0)
+        self.measured = bool(stats.get("baseline_measured", False))
         self.last_drafter = str(stats.get("drafter", "—"))
         self.showing_stored = True
         self.refresh_numbers()
 
     def refresh_numbers(self) -> None:
         t = self.tally
-        speedup = self.tokens_per_s / self.baseline if self.baseline and self.tokens_per_s else 0.0
+        speedup = self.speedup
         rate = t.accepted / t.drafted if t.drafted else 0.0
         per_round = t.accepted / t.drafting_rounds if t.drafting_rounds else 0.0
         lines = Content.assemble(
             ("now      ", "dim"), f"{self.tokens_per_s:6.1f} tok/s\n",
-            ("plain est", "dim"), f"{self.baseline:6.1f} tok/s\n",
+            ("plain    " if self.measured else "plain est", "dim"), f"{self.baseline:6.1f} tok/s\n",
             ("1st token", "dim"), (f"{self.first_token_s:6.2f} s\n" if self.first_token_s else "     — \n"),
-            ("speedup  ", "dim"), (f"{speedup:6.2f}×\n", "bold $text-success" if speedup >= 1 else "bold"),
+            ("speedup  ", "dim"), (f"{speedup:6.2f}×\n" if speedup else "     — \n",
+                                   "bold $text-success" if speedup >= 1 else "bold"),
             ("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}\n",
             ("per round", "dim"), f"{per_round:6.2f} tokens\n",
             ("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted\n",

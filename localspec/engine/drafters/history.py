@@ -17,13 +17,14 @@ recorded answer as a replay, verified by `sampling.accept_replayed`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -107,12 +108,17 @@ class SuffixIndex:
             new = new[max(same - self.overlap, 0):] if same < len(new) else new[:0]
         if len(new) <= self.levels[-1]:
             return 0
+        self.append(new)
+        return len(new)
+
+    def append(self, new: np.ndarray) -> None:
+        """Index one document as it is (`add` decides what of a request's text that is)."""
         start = self.n_tokens
-        self.tokens = np.concatenate([self.tokens, new])
+        self.tokens = np.concatenate([self.tokens, np.asarray(new, dtype=np.int32)])
         self.starts = np.append(self.starts, start)
         if self.n_tokens > self.max_tokens:
             self._evict()
-            return len(new)
+            return
         for n in self.levels:
             if len(new) >= n:
                 keys, ends = self._hashes(start, self.n_tokens, n)
@@ -120,7 +126,9 @@ class SuffixIndex:
                 self._tail_ends[n] = np.concatenate([self._tail_ends[n], ends])
         if self.n_tokens - self._sorted_upto > self.merge_at:
             self._rebuild()
-        return len(new)
+
+    def last_document(self) -> np.ndarray:
+        return self.tokens[int(self.starts[-1]):].copy() if self.n_documents else np.zeros(0, dtype=np.int32)
 
     def _hashes(self, begin: int, end: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Hashes and end positions of the n-grams within tokens[begin:end] (one document)."""
@@ -292,15 +300,21 @@ class HistoryDrafter(Drafter):
     where a variant must not draft from another variant's answer to the same prompt)."""
 
     name = "history"
-    max_len = 63  # a regenerated answer is kept whole: a verify batch of 64 (adaptive.CALIBRATION_SIZES)
+    max_len = 63  # a regenerated answer is kept whole: a verify batch of 64 (calibration.CALIBRATION_SIZES)
     min_len = 3
     save_every_s = 10.0
 
     def __init__(self, index: SuffixIndex | None = None, file: Path | None = None, key: str = "memory",
-                 warning: str | None = None):
+                 warning: str | None = None, n_vocab: int = 0):
         self.index = index or SuffixIndex()
         self.file = file
         self.key = key
+        self.n_vocab = n_vocab
+        # Several processes (a chat and a server) may keep this target's history: a save merges what the
+        # file gained since this one read or wrote it, under a lock (merge_and_save).
+        self._pending: list[np.ndarray] = []   # documents added since the last save
+        self._stamp = file_stamp(file) if file is not None else None
+        self._cleared = False
         self.warning = warning            # why a stored index was not used, for the front doors to show
         self.recording = True
         self.acceptance = CopyAcceptance(priors=HISTORY_COPY_PRIORS, classes=HISTORY_AGE_CLASSES)
@@ -321,13 +335,15 @@ class HistoryDrafter(Drafter):
         file = Path(str(sources.history_file)) if sources.history_file is not None else None
         key = model_key(getattr(sources.target, "path", None) if file is not None else None, n_vocab)
         index, warning = load_index(file, key, n_vocab) if file is not None else (SuffixIndex(), None)
-        return cls(index, file, key, warning)
+        return cls(index, file, key, warning, n_vocab)
 
     def clear(self) -> None:
         """Forget every earlier request (the stored file too, at the next save)."""
         self.index = SuffixIndex(self.index.max_tokens)
         self.answers.clear()
         self._replay = None
+        self._pending.clear()
+        self._cleared = True
         self._dirty = True
 
     def start(self, prompt: Sequence[int], plan: Plan) -> None:
@@ -383,6 +399,7 @@ class HistoryDrafter(Drafter):
         if self._digest is not None and len(prompt) == self._prompt_len:
             self._remember_answer(self._digest, np.asarray(answer, dtype=np.int32))
         if self.index.add([*prompt, *answer]):
+            self._pending.append(self.index.last_document())
             self._dirty = True
             if time.monotonic() - self._saved_at >= self.save_every_s:
                 self.save()
@@ -398,13 +415,27 @@ class HistoryDrafter(Drafter):
             self.answers.popitem(last=False)
 
     def save(self) -> None:
+        """Write the index; what another process saved to the same file meanwhile is merged in first."""
         if self.file is None or not self._dirty:
             return
-        problem = save_index(self.index, self.file, self.key)
+        with file_lock(self.file):
+            stamp = file_stamp(self.file)
+            if not self._cleared and stamp is not None and stamp != self._stamp:
+                stored, problem = load_index(self.file, self.key, self.n_vocab, self.index.max_tokens)
+                if problem is None:  # a damaged file is replaced by this index, as at load
+                    for document in self._pending:
+                        stored.append(document)
+                    stored._last = self.index._last
+                    self.index = stored
+            problem = save_index(self.index, self.file, self.key)
+            self._stamp = file_stamp(self.file)
         self._saved_at = time.monotonic()
         self._dirty = problem is not None
         if problem:
             self.warning = problem
+        else:
+            self._pending.clear()
+            self._cleared = False
 
     def close(self) -> None:
         self.save()
@@ -420,6 +451,37 @@ def load_index(file: Path, key: str, n_vocab: int, max_tokens: int = MAX_TOKENS)
     except Exception as e:  # a damaged archive raises whatever its reader meets first (zip, zlib, numpy)
         reason = str(e) or type(e).__name__
         return SuffixIndex(max_tokens), f"Ignored the drafting history in {file} ({reason}); starting a new one."
+
+
+def file_stamp(file: Path) -> tuple[int, int] | None:
+    """What tells one version of a stored index from another: its modification time and size."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@contextlib.contextmanager
+def file_lock(file: Path) -> Iterator[None]:
+    """An exclusive lock beside `file` for the time of a read-merge-write (POSIX; elsewhere none)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: saves are atomic, but two processes can still lose each other's requests
+        yield
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(file.with_name(file.name + ".lock"), "a")
+    except OSError:
+        yield  # a read-only or full folder: the save reports its own error
+        return
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def save_index(index: SuffixIndex, file: Path, key: str) -> str | None:

@@ -8,7 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, calibrated_costs, margin_for
+from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, margin_for
+from localspec.engine.calibration import calibrated_costs
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, softmax
@@ -21,7 +22,7 @@ class ModelDrafter(Drafter):
     next round's catch-up, so no position is ever run twice.
     """
 
-    max_len = 7            # longest draft: a verify batch of 8, a calibrated size (adaptive.CALIBRATION_SIZES)
+    max_len = 7            # longest draft: a verify batch of 8, a calibrated size (calibration.CALIBRATION_SIZES)
     plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
     probe_share = 0.01     # a probe's catch-up may cost at most this share of the rest of the answer, plain
     prefill_batch = 64     # positions of the prefill whose cost prices a catch-up, measured at load

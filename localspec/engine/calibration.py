@@ -1,0 +1,452 @@
+"""Verify costs by batch size, measured on this machine, and whether a measurement deserves trust.
+
+Drafts are priced by the shape of these costs (how much dearer n positions are than one), so a shape
+measured while another program used the CPU is paid for in every later answer: llama.cpp's threads
+spin at barriers, and a preempted thread costs an order of magnitude, not its share (one position
+measured at 912 ms beside another llama.cpp process, 55 ms alone). The rules:
+
+- A measurement is trusted only if its passes agree, llama.cpp's threads got their CPU time, and no
+  other program used a large share of the CPU meanwhile (`assess`). Only trusted ones are cached.
+- An untrusted one is used for the session it was taken in, and measured again between requests, at a
+  quiet moment (`Calibrator.remeasure`, called through `Engine.maintain`); so is a cached one that live
+  one-token rounds keep contradicting (`Calibrator.due`).
+- A cached entry carries when and how it was measured (`Calibration`); `localspec doctor` lists them.
+
+scripts/verify_costs.py prints the table; scripts/calibration_noise.py measures what the checks see
+with and without another llama.cpp process decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from time import perf_counter
+from collections import deque
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from localspec import paths
+
+# Verify batch sizes measured at load, up to the most logits rows one decode returns
+# (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU,
+# so only a copy that is nearly sure to be kept whole drafts that long: a regenerated answer drafted
+# from history. scripts/verify_costs.py prints the table for this machine and build.
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+# Trust thresholds (scripts/calibration_noise.py prints each figure, alone and beside a second
+# llama.cpp process).
+MAX_SPREAD = 1.25        # slowest over fastest pass of a size, median over sizes
+MIN_CPU_SHARE = 0.7      # CPU time the process got over wall time x threads, while it decoded on the CPU
+MAX_OTHERS_BUSY = 0.3    # share of every core that other programs used meanwhile
+QUIET_OTHERS_BUSY = 0.15  # a moment quiet enough to start measuring again
+# Live one-token rounds contradict a calibration when their median is this far from its one-token cost
+# either way, over at least CONTRADICTION_SAMPLES rounds at short contexts (the calibration's own is 48
+# tokens; one-token decoding barely slows by 512).
+CONTRADICTION = 1.4
+CONTRADICTION_SAMPLES = 8
+SHORT_CONTEXT = 512
+# The learnt speed factor (CostModel.scale) away from the last checked value by this much, for this
+# many rounds, also asks for a new measurement (a long chat's verify batches cost more than at 48
+# tokens: after a measurement that agrees, the factor it sits at becomes the new reference).
+SCALE_DRIFT = 1.5
+SCALE_DRIFT_ROUNDS = 64
+RETRY_AFTER_S = 60.0     # wait before measuring again after an untrusted remeasurement
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One calibration: seconds per batch size, and when and how it was measured."""
+
+    costs: dict[int, float]
+    measured_at: float = 0.0          # Unix time
+    passes: int = 0
+    spread: float = 1.0               # slowest over fastest pass of a size, median over sizes
+    cpu_share: float | None = None    # None: not decoded on this CPU (GPU, RPC), or not measured
+    others_busy: float | None = None  # None: the system's CPU use cannot be read here
+    problem: str = ""                 # why it is not trusted; "" when it is
+
+    @property
+    def trusted(self) -> bool:
+        return not self.problem
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["costs"] = {str(k): v for k, v in self.costs.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: object) -> "Calibration | None":
+        """A cached entry; None for one of the format before entries carried how they were measured
+        (nothing says it was not taken under load) or a damaged one."""
+        if not isinstance(data, dict) or not isinstance(data.get("costs"), dict):
+            return None
+        try:
+            costs = {int(k): float(v) for k, v in data["costs"].items()}
+            return cls(costs=costs, measured_at=float(data.get("measured_at", 0.0)), passes=int(data.get("passes", 0)),
+                       spread=float(data.get("spread", 1.0)), cpu_share=_opt_float(data.get("cpu_share")),
+                       others_busy=_opt_float(data.get("others_busy")), problem=str(data.get("problem", "")))
+        except (TypeError, ValueError):
+            return None
+
+    def how(self) -> str:
+        parts = [f"{self.passes} passes agreeing within {self.spread - 1:.0%}"]
+        if self.cpu_share is not None:
+            parts.append(f"llama.cpp's threads got {min(self.cpu_share, 1.0):.0%} of their CPU time")
+        if self.others_busy is not None:
+            parts.append(f"other programs used {self.others_busy:.0%} of the CPU")
+        return ", ".join(parts)
+
+
+def _opt_float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+# ----------------------------------------------------------------------------- what the CPU was doing
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    wall: float
+    process_s: float            # CPU time of this process, every thread
+    system_busy_s: float | None  # CPU time of the whole machine, every core; None where unreadable
+
+
+def read_system_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (Linux's /proc/stat), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_sample() -> CpuSample:
+    return CpuSample(time.perf_counter(), time.process_time(), read_system_busy_s())
+
+
+def cpu_usage(a: CpuSample, b: CpuSample, threads: int, cores: int) -> tuple[float, float | None]:
+    """(the share of `threads` cores this process used, the share of all `cores` others used) between samples."""
+    wall = max(b.wall - a.wall, 1e-9)
+    own = b.process_s - a.process_s
+    share = own / (wall * max(threads, 1))
+    if a.system_busy_s is None or b.system_busy_s is None:
+        return share, None
+    others = max(b.system_busy_s - a.system_busy_s - own, 0.0) / (wall * max(cores, 1))
+    return share, min(others, 1.0)
+
+
+def others_busy_now(seconds: float = 0.3, sample: Callable[[], CpuSample] = cpu_sample) -> float | None:
+    """The share of every core other programs use now (this process idle meanwhile), or None."""
+    a = sample()
+    time.sleep(seconds)
+    return cpu_usage(a, sample(), 1, os.cpu_count() or 1)[1]
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+class Interrupted(Exception):
+    """A measurement given up because a request arrived."""
+
+
+def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 3,
+            clock: Callable[[], float] = time.perf_counter, prefill: bool = False,
+            interrupt: Callable[[], bool] = lambda: False) -> dict[int, list[float]]:
+    """Seconds of each pass at each size: decoding n positions (logits for all; `prefill`: for the last
+    only, as a prompt or a draft model's catch-up asks) after a short context; the cache is left empty.
+
+    Each repeat is a pass over every size, so a slow spell (RPC workers warming up after the load,
+    another process) slows every size of one pass rather than one size's repeats. `interrupt` is
+    asked between sizes; when it says so, Interrupted is raised (the cache is emptied first)."""
+    n_vocab = model.n_vocab
+    filler = [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(context_tokens + max(sizes))]
+    fits = [n for n in sizes if context_tokens + n <= model.n_ctx]
+    passes: dict[int, list[float]] = {n: [] for n in fits}
+    try:
+        model.truncate(0)
+        model.decode(filler[:context_tokens], 0, [context_tokens - 1])
+        model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up
+        model.truncate(context_tokens)
+        for _ in range(repeats):
+            for n in fits:
+                if interrupt():
+                    raise Interrupted
+                batch = filler[context_tokens:context_tokens + n]
+                t0 = clock()
+                model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
+                passes[n].append(clock() - t0)
+                model.truncate(context_tokens)
+    finally:
+        model.truncate(0)
+    return passes
+
+
+def costs_of(passes: dict[int, list[float]]) -> dict[int, float]:
+    """Each size at the least it took in any pass; a smaller batch never costs more than a larger one."""
+    costs = {n: min(times) for n, times in passes.items() if times}
+    lowest = math.inf
+    for n in sorted(costs, reverse=True):
+        lowest = costs[n] = min(costs[n], lowest)
+    return costs
+
+
+def measure_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 3,
+                  clock: Callable[[], float] = time.perf_counter, prefill: bool = False) -> dict[int, float]:
+    """`measure`, reduced to one cost per size (`costs_of`): for scripts that need no verdict."""
+    return costs_of(measure(model, sizes, context_tokens, repeats, clock, prefill))
+
+
+def spread_of(passes: dict[int, list[float]]) -> float:
+    ratios = [max(t) / min(t) for t in passes.values() if len(t) > 1 and min(t) > 0]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def assess(spread: float, cpu_share: float | None, others_busy: float | None, passes: int) -> str:
+    """Why a measurement is not to be trusted, or "" when it is."""
+    if passes > 1 and spread > MAX_SPREAD:
+        return f"its passes disagreed by {spread - 1:.0%}"
+    if cpu_share is not None and cpu_share < MIN_CPU_SHARE:
+        return f"llama.cpp's threads got only {cpu_share:.0%} of their CPU time (another program was running)"
+    if others_busy is not None and others_busy > MAX_OTHERS_BUSY:
+        return f"other programs used {others_busy:.0%} of the CPU meanwhile"
+    return ""
+
+
+def on_this_cpu(model) -> bool:
+    """Whether the model decodes on this machine's CPU (its threads' CPU time then says whether they ran)."""
+    opts = model.options
+    return opts.gpu_layers() == 0 and not opts.placement
+
+
+def take(model, sizes=CALIBRATION_SIZES, repeats: int = 3, prefill: bool = False,
+         interrupt: Callable[[], bool] = lambda: False, sample: Callable[[], CpuSample] | None = None,
+         clock: Callable[[], float] | None = None, now: Callable[[], float] = time.time) -> Calibration:
+    """Measure and assess one calibration (`sample`: how the CPU's use is read, `cpu_sample` by
+    default; `clock`: `perf_counter` by default; both looked up when called, for tests)."""
+    sample, clock = sample or cpu_sample, clock or perf_counter
+    before = sample()
+    passes = measure(model, sizes, repeats=repeats, prefill=prefill, interrupt=interrupt, clock=clock)
+    after = sample()
+    threads = model.options.threads()
+    share, others = cpu_usage(before, after, threads, os.cpu_count() or 1)
+    cpu_share = share if on_this_cpu(model) else None
+    spread = spread_of(passes)
+    return Calibration(costs=costs_of(passes), measured_at=now(), passes=repeats, spread=spread,
+                       cpu_share=cpu_share, others_busy=others,
+                       problem=assess(spread, cpu_share, others, repeats))
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def machine_key(model_path: Path, threads: int, gpu_layers: int) -> str:
+    st = os.stat(model_path)
+    return "|".join(str(x) for x in (
+        Path(model_path).resolve(), st.st_size, int(st.st_mtime), platform.node(), os.cpu_count(), threads, gpu_layers,
+    ))
+
+
+def cache_key(model, sizes=CALIBRATION_SIZES, prefill: bool = False) -> str | None:
+    """Where this model's calibration is cached: its file, this machine, the build, the settings that
+    change costs. None for a model without a file (tests' toys)."""
+    path = getattr(model, "path", None)
+    if path is None or not Path(path).exists():
+        return None
+    opts = model.options
+    key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
+    key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
+    if getattr(opts, "placement", ""):
+        key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
+    if getattr(opts, "flash_attn", None) is not None:
+        key += f"|fa={opts.flash_attn}"  # a verify batch's cost grows with the context faster with it
+    return key + ("|prefill" if prefill else "")
+
+
+def read_cache() -> dict:
+    try:
+        data = json.loads(paths.calibration_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_cached(key: str) -> Calibration | None:
+    """A trusted cached calibration, or None."""
+    found = Calibration.from_json(read_cache().get(key))
+    return found if found is not None and found.trusted else None
+
+
+def store_cached(key: str, calibration: Calibration) -> None:
+    """Cache a trusted calibration (untrusted ones are refused here, whoever asks)."""
+    if not calibration.trusted:
+        return
+    file = paths.calibration_file()
+    data = read_cache()
+    data[key] = calibration.to_json()
+    try:
+        paths.ensure(file.parent)
+        tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, file)
+    except OSError:
+        pass  # a full disk: measured again at the next load, nothing lost
+
+
+def forget_cached(prefix: str = "") -> int:
+    """Remove cached calibrations whose key starts with `prefix` (all by default); how many."""
+    file = paths.calibration_file()
+    data = read_cache()
+    doomed = [k for k in data if k.startswith(prefix)]
+    if doomed:
+        for k in doomed:
+            del data[k]
+        tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, file)
+    return len(doomed)
+
+
+def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False) -> dict[int, float]:
+    """Costs by batch size (`prefill`: prefill costs, see `measure`): a trusted cached calibration of
+    this model file on this machine, or a new measurement (cached when trusted)."""
+    return Calibrator(model, enabled, sizes=sizes, prefill=prefill).current.costs
+
+
+# ----------------------------------------------------------------------------- one model's calibration
+
+
+class Calibrator:
+    """One model's calibration for an engine's life: a trusted cached one (`force`: never), or measured
+    at load; measured again between requests (`remeasure`) while `due` says why.
+
+    `sample`, `clock`, `now` and `quiet` are injectable for tests."""
+
+    def __init__(self, model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False, *,
+                 force: bool = False, sample: Callable[[], CpuSample] | None = None,
+                 clock: Callable[[], float] | None = None, now: Callable[[], float] = time.time,
+                 quiet: Callable[[], float | None] | None = None):
+        self.model, self.enabled, self.sizes, self.prefill = model, enabled, sizes, prefill
+        self._sample, self._clock, self._now = sample, clock, now
+        self._quiet = quiet or (lambda: others_busy_now())
+        self.key = cache_key(model, sizes, prefill) if enabled else None
+        cached = load_cached(self.key) if self.key and not force else None
+        self.from_cache = cached is not None
+        self.current = cached or self._take(repeats=3 if enabled else 1)
+        if self.key and not self.from_cache:
+            store_cached(self.key, self.current)
+        self.one_token: deque[float] = deque(maxlen=2 * CONTRADICTION_SAMPLES)  # live one-token decodes, short contexts
+        self.reference_scale = 1.0   # the learnt speed factor the last check left
+        self._drifting = 0           # rounds the speed factor has been away from it
+        self._retry_at = 0.0
+
+    def _take(self, repeats: int, interrupt: Callable[[], bool] = lambda: False) -> Calibration:
+        return take(self.model, self.sizes, repeats=repeats, prefill=self.prefill, interrupt=interrupt,
+                    sample=self._sample, clock=self._clock, now=self._now)
+
+    # ------------------------------------------------------------------ live evidence
+
+    def observe_plain(self, context_len: int, decode_s: float) -> None:
+        """A live one-token decode (a plain round) at this context length."""
+        if context_len < SHORT_CONTEXT:
+            self.one_token.append(decode_s)
+
+    def observe_scale(self, scale: float) -> None:
+        """The learnt speed factor after a round."""
+        ratio = scale / self.reference_scale
+        self._drifting = self._drifting + 1 if not 1 / SCALE_DRIFT <= ratio <= SCALE_DRIFT else 0
+
+    def contradicted(self) -> bool:
+        if len(self.one_token) < CONTRADICTION_SAMPLES:
+            return False
+        ratio = statistics.median(self.one_token) / self.current.costs[min(self.current.costs)]
+        return not 1 / CONTRADICTION <= ratio <= CONTRADICTION
+
+    @property
+    def due(self) -> str:
+        """Why this calibration should be measured again, or "" (only models whose costs are cached)."""
+        if not self.enabled or self._now() < self._retry_at:
+            return ""
+        if not self.current.trusted:
+            return f"it was not trusted ({self.current.problem})"
+        if self.contradicted():
+            live = statistics.median(self.one_token)
+            return (f"live one-token rounds took {live * 1e3:.0f} ms against the "
+                    f"{self.current.costs[min(self.current.costs)] * 1e3:.0f} ms it measured")
+        if self._drifting >= SCALE_DRIFT_ROUNDS:
+            return f"live rounds have run {self._drifting} rounds away from its costs"
+        return ""
+
+    # ------------------------------------------------------------------ measuring again
+
+    def remeasure(self, scale: float = 1.0, interrupt: Callable[[], bool] = lambda: False) -> Calibration | None:
+        """Measure again if the machine is quiet: the new calibration when it is trusted (it is cached and
+        becomes `current`), None when the machine was busy or the measurement untrusted (tried again
+        later); Interrupted propagates. `scale`: the learnt speed factor now, kept as the reference when
+        the new costs agree with the old (the shape held: what the factor learnt is the context's)."""
+        busy = self._quiet()
+        if busy is not None and busy > QUIET_OTHERS_BUSY:
+            self._retry_at = self._now() + RETRY_AFTER_S / 4
+            return None
+        fresh = self._take(repeats=3, interrupt=interrupt)
+        self.one_token.clear()
+        self._drifting = 0
+        if not fresh.trusted:
+            self._retry_at = self._now() + RETRY_AFTER_S
+            if not self.current.trusted:
+                self.current = replace(self.current, problem=fresh.problem)
+            return None
+        if self.key:
+            store_cached(self.key, fresh)
+        held = self.current.trusted and agrees(self.current.costs, fresh.costs)
+        self.reference_scale = scale if held else 1.0
+        self.current = fresh
+        return fresh
+
+
+def agrees(a: dict[int, float], b: dict[int, float], within: float = 0.15) -> bool:
+    """Two calibrations within `within` of each other at every size both measured."""
+    common = [n for n in a if n in b and a[n] > 0]
+    return bool(common) and all(abs(b[n] / a[n] - 1) <= within for n in common)
+
+
+# ----------------------------------------------------------------------------- for `localspec doctor`
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    model: str                       # the model file's name
+    kind: str                        # "verify costs", "one-token cost" or "prefill cost"
+    n_ctx: str
+    calibration: Calibration | None  # None: an entry of the older format (how it was measured unknown)
+
+
+def cached_entries() -> list[CacheEntry]:
+    """Every cached calibration, for `localspec doctor`."""
+    out = []
+    for key, value in read_cache().items():
+        fields = key.split("|")
+        sizes = fields[8] if len(fields) > 8 else ""
+        kind = "prefill cost" if fields[-1] == "prefill" else ("one-token cost" if sizes == "1" else "verify costs")
+        out.append(CacheEntry(Path(fields[0]).name, kind, fields[7] if len(fields) > 7 else "?",
+                              Calibration.from_json(value)))
+    return out
+
+
+def age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
