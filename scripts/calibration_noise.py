@@ -27,23 +27,22 @@ from localspec.engine import calibration  # noqa: E402
 from localspec.engine.backend import Model, ModelOptions  # noqa: E402
 from localspec.loader import resolve  # noqa: E402
 
-RIVAL = """
-import sys, llama_cpp
-from localspec.engine.backend import Model, ModelOptions
-m = Model(sys.argv[1], ModelOptions(n_ctx=512))
-print("decoding", flush=True)
-while True:
-    m.truncate(0)
-    m.decode(list(range(10, 74)), 0, [63])
-    for i in range(32):
-        m.decode([100 + i], 64 + i, [0])
-"""
+def rival(path: Path) -> None:
+    """Decode with llama.cpp until killed: a prompt, then 32 tokens one at a time, over and over.
+    Prints "decoding" once loaded (tests/test_cli.py starts it as `--as-rival PATH`)."""
+    m = Model(path, ModelOptions(n_ctx=512))
+    print("decoding", flush=True)
+    while True:
+        m.truncate(0)
+        m.decode(list(range(10, 74)), 0, [63])
+        for i in range(32):
+            m.decode([100 + i], 64 + i, [0])
 
 
 def start_rival(path: Path) -> subprocess.Popen:
     """A second llama.cpp process decoding until killed (what the issue measured under)."""
-    proc = subprocess.Popen([sys.executable, "-c", RIVAL, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--as-rival", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     proc.stdout.readline()  # loaded and decoding
     time.sleep(1.0)
@@ -58,6 +57,9 @@ def row(label: str, c: calibration.Calibration) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--as-rival"]:
+        rival(Path(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("entry", help="catalog id or GGUF path (the pair's target is measured)")
     parser.add_argument("--rival", default=None, help="GGUF the second process decodes (default: the same file)")
@@ -71,13 +73,13 @@ def main() -> None:
     try:
         for i in range(args.runs):
             print(row("alone", calibration.take(model)), flush=True)
-        rival = start_rival(rival_path)
+        rival_process = start_rival(rival_path)
         try:
             for i in range(args.runs):
                 print(row("beside", calibration.take(model)), flush=True)
         finally:
-            os.kill(rival.pid, signal.SIGKILL)
-            rival.wait()
+            os.kill(rival_process.pid, signal.SIGKILL)
+            rival_process.wait()
         time.sleep(1.0)
         print(row("alone", calibration.take(model)), flush=True)
     finally:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,17 +133,7 @@ def test_flash_attention_setting_is_reported_used_and_checked(smollm2_home):
     assert "flash attention     llama.cpp's choice (flash_attention: auto" in _run(["doctor"], smollm2_home).stdout
 
 
-RIVAL = """
-import sys, llama_cpp
-from localspec.engine.backend import Model, ModelOptions
-m = Model(sys.argv[1], ModelOptions(n_ctx=512))
-print("decoding", flush=True)
-while True:
-    m.truncate(0)
-    m.decode(list(range(10, 74)), 0, [63])
-    for i in range(32):
-        m.decode([100 + i], 64 + i, [0])
-"""
+RIVAL = Path(__file__).resolve().parent.parent / "scripts" / "calibration_noise.py"  # --as-rival PATH: decodes until killed
 
 
 @pytest.mark.model
@@ -155,8 +146,8 @@ def test_a_first_load_beside_another_llama_cpp_process_caches_no_calibration_and
 
     cache = smollm2_home / "cache" / "calibration.json"
     args = ["run", "smollm2-135m", "Name three colours.", "--max-tokens", "24", "--drafter", "none", "--json"]
-    rival = subprocess.Popen([sys.executable, "-c", RIVAL, str(smollm2_path)], stdout=subprocess.PIPE, text=True,
-                             stderr=subprocess.DEVNULL)
+    rival = subprocess.Popen([sys.executable, str(RIVAL), "--as-rival", str(smollm2_path)], stdout=subprocess.PIPE,
+                             text=True, stderr=subprocess.DEVNULL)
     try:
         assert rival.stdout.readline().strip() == "decoding"
         busy = _run(args, smollm2_home)
