@@ -156,10 +156,13 @@ def test_a_first_load_beside_another_llama_cpp_process_caches_no_calibration_and
         rival.wait()
     assert busy.returncode == 0, busy.stderr
     under_load = json.loads(cache.read_text()) if cache.exists() else {}
-    quiet = _run(args, smollm2_home)
-    assert quiet.returncode == 0, quiet.stderr
-    stored = json.loads(cache.read_text())
-    target = {k: v for k, v in stored.items() if "|1,2,3," in k}
+    for _attempt in range(3):  # a quiet start measures and caches (again, should a stray spell make one untrusted)
+        quiet = _run(args, smollm2_home)
+        assert quiet.returncode == 0, quiet.stderr
+        stored = json.loads(cache.read_text()) if cache.exists() else {}
+        target = {k: v for k, v in stored.items() if "|1,2,3," in k}
+        if target:
+            break
     assert len(target) == 1 and all(v["problem"] == "" for v in stored.values())
     (entry,) = target.values()
     for key, value in under_load.items():  # if the busy start stored anything, it was as good as quiet
