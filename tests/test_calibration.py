@@ -227,3 +227,14 @@ def test_the_planner_takes_a_plain_round_instead_of_a_small_gain_while_plain_is_
     for _ in range(3):
         plain.record(3, 1.0)
     assert planner.draft([1, 2, 3], 8, None).tokens == [7]
+
+
+def test_a_busy_moment_postpones_measuring_and_keeps_the_prompt_cache(tmp_path, fake_clock, monkeypatch):
+    monkeypatch.setattr("localspec.engine.calibration.cpu_sample", CpuScript(share=0.45, others=0.5, cores=2))
+    engine = _engine(TimedToy(_gguf(tmp_path), fake_clock, eos_bias=-50.0))
+    list(engine.generate([0, 5, 9, 11], max_tokens=4))
+    held = list(engine.slots[0].tokens)
+    monkeypatch.setattr("localspec.engine.calibration.others_busy_now", lambda *a, **k: 0.9)
+    engine.calibrator._retry_at = 0.0
+    assert engine.maintain() == "" and engine.calibrator.measurements == 1
+    assert engine.slots[0].tokens == held and held  # nothing measured: the next turn reuses its prefix

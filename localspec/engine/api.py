@@ -332,12 +332,14 @@ class Engine:
         if not self._lock.acquire(blocking=False):
             self._maintaining = False
             return ""
+        measured = calibrator.measurements
         try:
             fresh = calibrator.remeasure(self.cost.scale, interrupt=lambda: self._make_way.is_set() or interrupt())
         except Interrupted:
             fresh = None
         finally:
-            self.slots[0].reset()  # measuring used sequence 0
+            if calibrator.measurements != measured:
+                self.slots[0].reset()  # measuring used (and emptied) sequence 0
             self._maintaining = False
             self._lock.release()
         if fresh is None:

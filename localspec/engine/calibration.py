@@ -302,20 +302,6 @@ def store_cached(key: str, calibration: Calibration) -> None:
         pass  # a full disk: measured again at the next load, nothing lost
 
 
-def forget_cached(prefix: str = "") -> int:
-    """Remove cached calibrations whose key starts with `prefix` (all by default); how many."""
-    file = paths.calibration_file()
-    data = read_cache()
-    doomed = [k for k in data if k.startswith(prefix)]
-    if doomed:
-        for k in doomed:
-            del data[k]
-        tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, file)
-    return len(doomed)
-
-
 def calibrated_costs(model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False) -> dict[int, float]:
     """Costs by batch size (`prefill`: prefill costs, see `measure`): a trusted cached calibration of
     this model file on this machine, or a new measurement (cached when trusted)."""
@@ -346,6 +332,7 @@ class Calibrator:
             store_cached(self.key, self.current)
         self.one_token: deque[float] = deque(maxlen=2 * CONTRADICTION_SAMPLES)  # live one-token decodes, short contexts
         self.reference_scale = 1.0   # the learnt speed factor the last check left
+        self.measurements = 1        # calibrations taken (begun) on the model: each empties its cache
         self._drifting = 0           # rounds the speed factor has been away from it
         self._retry_at = 0.0
 
@@ -397,6 +384,7 @@ class Calibrator:
         if busy is not None and busy > QUIET_OTHERS_BUSY:
             self._retry_at = self._now() + RETRY_AFTER_S / 4
             return None
+        self.measurements += 1
         fresh = self._take(repeats=3, interrupt=interrupt)
         self.one_token.clear()
         self._drifting = 0

@@ -55,7 +55,7 @@ class PlainRounds:
 
     def wanted(self, context_len: int) -> bool:
         """Whether a plain round here would make the baseline measured."""
-        return len(self._recent(bucket(context_len))) < MIN_SAMPLES and self.per_token_s(context_len) is None
+        return self.per_token_s(context_len) is None
 
 
 @dataclass(frozen=True)
