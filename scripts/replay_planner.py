@@ -14,11 +14,15 @@ CPU.
     python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout.json --prompts scripts/heldout_edit.yaml
     python scripts/replay_planner.py record qwen2.5-coder-1.5b followup.json --sessions follow-up
     python scripts/replay_planner.py replay followup.json --oracle
+    .venv-avx2/bin/python scripts/replay_planner.py record qwen2.5-coder-1.5b edit-avx2.json --suite edit
+    python scripts/replay_planner.py replay answers.json --costs edit-avx2.json --oracle
 
 `--sessions follow-up` records the bench's follow-up sessions: the second request's prompt is the
 conversation with the first answer in it, as `localspec bench --suite sessions` sends it (any session
 kind: `quote` and `tool-output` start a new conversation). The replay drafts from the request itself
-only, not from the history of earlier requests. `--oracle`
+only, not from the history of earlier requests. `--costs` prices the
+replay with another recording's verify costs (record once with an AVX2 build, `LOCALSPEC_CMAKE_ARGS`
+without the AVX-512 flags, and once with the default one; replay every recording at both). `--oracle`
 also prints what perfect knowledge would reach: every round drafts exactly the copy that the answer
 goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has.
 """
@@ -161,6 +165,8 @@ def main() -> None:
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
+    rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
+                     "with other kernels: record once with each build's venv, replay each recording at both)")
     args = parser.parse_args()
     if args.command == "record":
         record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts,
@@ -168,6 +174,11 @@ def main() -> None:
         return
     with open(args.recorded, encoding="utf-8") as f:
         data = json.load(f)
+    if args.costs:
+        with open(args.costs, encoding="utf-8") as f:
+            data["verify_s"] = json.load(f)["verify_s"]
+    one = float(data["verify_s"]["1"])
+    print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
     for label, speedups in runs:
         for suite, values in speedups.items():
