@@ -256,7 +256,8 @@ def _doctor_calibrations() -> None:
     """Each cached calibration: its age, and how it was measured (only trusted ones are cached)."""
     import time
 
-    from localspec.engine.calibration import age, cached_entries
+    from localspec.engine.calibration import cached_entries
+    from localspec.units import human_age
 
     entries = cached_entries()
     click.echo(f"calibrations        {len(entries)} cached in {paths.calibration_file()} (`localspec calibrate ID --force` "
@@ -269,9 +270,8 @@ def _doctor_calibrations() -> None:
             continue
         state = "trusted" if c.trusted else f"not trusted: {c.problem}"
         shape = f", 16 positions {c.costs[16] / c.costs[1]:.1f}x one" if 1 in c.costs and 16 in c.costs else ""
-        first = min(c.costs)
-        click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: {state}, {age(time.time() - c.measured_at)} old; "
-                   f"{first} position{'s' if first > 1 else ''} {c.costs[first] * 1e3:.1f} ms{shape} ({c.how()})")
+        click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: {state}, {human_age(time.time() - c.measured_at)} "
+                   f"old; {c.headline()}{shape} ({c.how()})")
 
 
 @cli.command()
@@ -296,9 +296,8 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
     results = run_calibration(entry, n_ctx=n_ctx, force=force, flash_attn=load_user_config().flash_attn(),
                               say=lambda m: click.echo(m, err=True))
     for what, c, cached in results:
-        sizes = "  ".join(f"{n}:{c.costs[n] / c.costs[min(c.costs)]:.2f}x" for n in sorted(c.costs)[1:])
-        click.echo(f"{what}: {min(c.costs)} position{'s' if min(c.costs) > 1 else ''} {c.costs[min(c.costs)] * 1e3:.1f} ms"
-                   + (f"; {sizes}" if sizes else ""))
+        sizes = "  ".join(f"{n}:{c.costs[n] / c.smallest[1]:.2f}x" for n in sorted(c.costs)[1:])
+        click.echo(f"{what}: {c.headline()}" + (f"; {sizes}" if sizes else ""))
         if cached:
             click.echo("  cached and trusted (--force measures again)")
         elif c.trusted:

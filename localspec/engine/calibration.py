@@ -74,6 +74,17 @@ class Calibration:
     def trusted(self) -> bool:
         return not self.problem
 
+    @property
+    def smallest(self) -> tuple[int, float]:
+        """The smallest batch measured and its cost (one position, for verify costs)."""
+        n = min(self.costs)
+        return n, self.costs[n]
+
+    def headline(self) -> str:
+        """'1 position 29.6 ms', as `doctor` and `calibrate` print it."""
+        n, seconds = self.smallest
+        return f"{n} position{'s' if n > 1 else ''} {seconds * 1e3:.1f} ms"
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["costs"] = {str(k): v for k, v in self.costs.items()}
@@ -355,7 +366,7 @@ class Calibrator:
     def contradicted(self) -> bool:
         if len(self.one_token) < CONTRADICTION_SAMPLES:
             return False
-        ratio = statistics.median(self.one_token) / self.current.costs[min(self.current.costs)]
+        ratio = statistics.median(self.one_token) / self.current.smallest[1]
         return not 1 / CONTRADICTION <= ratio <= CONTRADICTION
 
     @property
@@ -368,7 +379,7 @@ class Calibrator:
         if self.contradicted():
             live = statistics.median(self.one_token)
             return (f"live one-token rounds took {live * 1e3:.0f} ms against the "
-                    f"{self.current.costs[min(self.current.costs)] * 1e3:.0f} ms it measured")
+                    f"{self.current.smallest[1] * 1e3:.0f} ms it measured")
         if self._drifting >= SCALE_DRIFT_ROUNDS:
             return f"live rounds have run {self._drifting} rounds away from its costs"
         return ""
@@ -429,12 +440,3 @@ def cached_entries() -> list[CacheEntry]:
                               Calibration.from_json(value)))
     return out
 
-
-def age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} days"
