@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from localspec import errors, paths
+from localspec.engine.api import Engine
 from localspec.engine.events import Event, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import EngineUnavailableError, LocalspecError
@@ -28,9 +29,10 @@ _ERRORS = {cls.__name__: cls for cls in (LocalspecError, errors.ContextOverflowE
                                          errors.ModelFileError, errors.IncompatiblePairError, errors.UnknownIdError)}
 
 
-def _child(conn, entry: str, options: dict[str, Any], log: str) -> None:
-    """The engine's process: load, then answer requests until told to close or the pipe breaks. Its
-    stderr goes to `log` (the parent may be drawing a terminal UI; ggml's last words land there)."""
+def _child(conn, opener: Callable[[], Engine], log: str) -> None:
+    """The engine's process: `opener()` loads it, then it answers requests until told to close or the
+    pipe breaks. Its stderr goes to `log` (the parent may be drawing a terminal UI; ggml's last words
+    land there)."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -38,10 +40,8 @@ def _child(conn, entry: str, options: dict[str, Any], log: str) -> None:
     os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would attach gdb to print a backtrace when it aborts
     import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
-    from localspec.loader import load
-
     try:
-        engine = load(entry, isolate=False, **options)
+        engine = opener()
     except Exception as exc:  # every failure goes back as a message; this process only serves the parent
         conn.send(("failed", str(exc) if isinstance(exc, LocalspecError) else f"{type(exc).__name__}: {exc}",
                    type(exc).__name__))
@@ -112,11 +112,14 @@ def _last_words(log: Path) -> str:
 class HostedEngine:
     """A `ServedEngine` whose engine runs in a child process (see the module's docstring)."""
 
-    def __init__(self, entry: str, target_path: Path, workers: list[str], options: dict[str, Any]):
+    def __init__(self, opener: Callable[[], Engine], target_path: Path, workers: list[str]):
+        """`opener`: a picklable callable (a `functools.partial` of a module-level function) that loads
+        the engine in the child; `target_path`: the target's file, for its vocabulary on this side;
+        `workers`: the RPC workers the child's engine uses, asked when it dies."""
         from localspec.engine.backend import VocabFile
         from localspec.engine.session import ChatTemplate
 
-        self.entry, self.workers, self._options = entry, workers, options
+        self.workers, self._opener = workers, opener
         self.target = VocabFile(target_path)  # .path, .meta(), .vocab: what the server names the model by
         self._template = ChatTemplate.for_model(self.target)
         self._lock = threading.Lock()
@@ -130,7 +133,7 @@ class HostedEngine:
         context = multiprocessing.get_context("spawn")  # never fork a process that holds llama.cpp threads
         self._conn, child = context.Pipe()
         self._log = paths.ensure(paths.cache_dir() / "logs") / "engine.log"
-        self._proc = context.Process(target=_child, args=(child, self.entry, self._options, str(self._log)),
+        self._proc = context.Process(target=_child, args=(child, self._opener, str(self._log)),
                                      daemon=True, name="localspec-engine")
         with _stderr_with_a_file():
             self._proc.start()

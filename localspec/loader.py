@@ -6,6 +6,7 @@ self-draft of a target was kept, is known here, a layer above it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,13 +65,6 @@ def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | 
     `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
     calibrate, slots, history, flash_attn."""
     target_path, draft_path = resolve(id_or_path, draft)
-    if rpc and isolate:
-        from localspec.hosted import HostedEngine
-
-        return HostedEngine(id_or_path, target_path, rpc, {"draft": draft, "self_draft": self_draft, "rpc": rpc,
-                                                           "tensor_split": tensor_split, **options})
-    if rpc:
-        options.update(_rpc_placement(rpc, tensor_split))
     if options.get("drafter") == "self" and self_draft is None:
         from localspec.selfdraft import find_self_draft
 
@@ -78,6 +72,21 @@ def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | 
         if self_draft is None:
             raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
                                  f"`localspec draft make {id_or_path}`.")
+    opener = functools.partial(open_files, target_path, draft_path, self_draft, tuple(rpc or ()), tensor_split,
+                               options)
+    if rpc and isolate:
+        from localspec.hosted import HostedEngine
+
+        return HostedEngine(opener, target_path, rpc)
+    return opener()
+
+
+def open_files(target_path: Path, draft_path: Path | None, self_draft: str | Path | None, rpc: tuple[str, ...],
+               tensor_split: tuple[float, ...], options: dict[str, Any]) -> Engine:
+    """The engine of resolved files, in this process (also what a hosted engine's child runs: a
+    module-level function, so that a `functools.partial` of it crosses to a spawned process)."""
+    if rpc:
+        options = {**options, **_rpc_placement(list(rpc), tensor_split)}
     return load_files(target_path, draft_path=draft_path, self_draft_path=self_draft, **options)
 
 

@@ -39,8 +39,8 @@ def _group(module: str) -> str | None:
     return best
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -111,3 +111,70 @@ def test_types_hold_across_the_package():
     proc = subprocess.run([sys.executable, "-m", "mypy", "localspec", "tests/fakes.py"], cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _module_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (a name that is not a module counts as its package)."""
+    names = {_module_name(path, package) for path in package.rglob("*.py")}
+
+    def module_of(name: str) -> str:
+        while name not in names and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        name = _module_name(path, package)
+        graph[name] = {module_of(imported) for _, imported in _imports(path)} - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop (Tarjan's strongly
+    connected components). A package's own `__init__` importing its modules is not a cycle unless
+    one of them imports the package back."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    """Two modules that need each other are one module in two files: neither can be read, tested or
+    replaced alone (TYPE_CHECKING and function-level imports count)."""
+    assert _cycles(_module_graph(PACKAGE)) == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path):
+    package = tmp_path / "localspec"
+    (package / "tui").mkdir(parents=True)
+    (package / "tui" / "app.py").write_text("from localspec.tui.chat import ChatScreen\n")
+    (package / "tui" / "chat.py").write_text("from typing import TYPE_CHECKING\n"
+                                             "if TYPE_CHECKING:\n    from localspec.tui.app import ChatApp\n")
+    (package / "tui" / "conversations.py").write_text("")
+    graph = _module_graph(package)
+    assert _cycles(graph) == [["localspec.tui.app", "localspec.tui.chat"]]

@@ -20,7 +20,7 @@ from localspec.engine.contract import ChatEngine, describe_drafters
 from localspec.errors import LocalspecError
 from localspec.history import History
 from localspec.tui.chat import ChatScreen
-from localspec.tui.conversations import Conversations
+from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.provider import LocalProvider
 from localspec.tui.screens import HelpScreen, ModelPicker
 
@@ -49,19 +49,19 @@ class ChatApp(App):
                  history: History | None = None, config: UserConfig | None = None):
         super().__init__()
         self.provider = provider
-        self.requested = entry_id
         self.config = config or UserConfig()
         self.chats = Conversations(history or History(), self.config, drafter)
-        self.chat = ChatScreen()
-        self.engine: ChatEngine | None = None
-        self.engine_id: str | None = None
-        self.loading: str | None = None
+        self.model = LoadedModel()
+        self.chat = ChatScreen(self.chats, self.model, requested=entry_id)
         self._quitting = False
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat
 
     # What the tests (and the command palette) reach through the app.
+    engine = property(lambda self: self.model.engine)
+    engine_id = property(lambda self: self.model.entry_id)
+    loading = property(lambda self: self.model.loading)
     history = property(lambda self: self.chats.history)
     conversation = property(lambda self: self.chats.current)
     settings = property(lambda self: self.chats.settings)
@@ -80,9 +80,9 @@ class ChatApp(App):
         self.chat.action_export_conversation()
 
     def on_unmount(self) -> None:
-        self.chat.cancel.set()
+        self.chat.stop_answer()
         # Never free the models under a decode still running in the worker thread.
-        if self.chat.worker_done.wait(timeout=30) and self.engine is not None:
+        if self.chat.wait_for_worker(timeout=30) and self.engine is not None:
             self.engine.close()
         self.history.close()
 
@@ -118,8 +118,12 @@ class ChatApp(App):
         else:
             self.post_message(self.EngineReady(entry_id, engine))
 
+    @on(ChatScreen.OpenModel)
+    def _open_model(self, message: ChatScreen.OpenModel) -> None:
+        self.open_engine(message.entry_id)
+
     def _loading(self, entry_id: str) -> None:
-        self.loading = entry_id
+        self.model.loading = entry_id
         self.sub_title = f"{entry_id} · loading…"
 
     def _pick(self, current: str | None, pull_now: str | None = None, intro: str = "") -> None:
@@ -129,7 +133,7 @@ class ChatApp(App):
     def _engine_ready(self, message: EngineReady) -> None:
         if self.engine is not None:
             self.engine.close()
-        self.engine, self.engine_id, self.loading = message.engine, message.entry_id, None
+        self.model.engine, self.model.entry_id, self.model.loading = message.engine, message.entry_id, None
         self._show_model()
         self.chats.set_model(message.entry_id)
         if not self.stats.showing_stored:
@@ -141,7 +145,7 @@ class ChatApp(App):
 
     @on(EngineFailed)
     def _engine_failed(self, message: EngineFailed) -> None:
-        self.loading = None
+        self.model.loading = None
         self._show_model()
         self.notify(f"{message.entry_id}: {message.error}", title="Could not load the model", severity="error",
                     timeout=15)
@@ -168,7 +172,8 @@ class ChatApp(App):
 
     # ------------------------------------------------------------------ the rest
 
-    def answer_finished(self) -> None:
+    @on(ChatScreen.AnswerFinished)
+    def _answer_finished(self) -> None:
         if self._quitting:
             self.exit()
 
@@ -176,7 +181,7 @@ class ChatApp(App):
         if self.generating:
             # Let the worker end its round and the partial answer reach the history, then exit.
             self._quitting = True
-            self.chat.cancel.set()
+            self.chat.stop_answer()
             self.set_timer(30, self.exit)
             return
         self.exit()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from textual import on
 from textual.binding import Binding
+from textual.message import Message
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
@@ -20,18 +21,16 @@ from textual.widgets import Footer, Header
 from localspec.config import ChatSettings
 from localspec.engine.contract import DRAFTER_SETTINGS, unavailable_drafter
 from localspec.engine.events import Summary
+from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.screens import ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
 from localspec.tui.widgets import (AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
                                    SummaryLine)
-
-if TYPE_CHECKING:
-    from localspec.tui.app import ChatApp
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
 class ChatScreen(Screen):
-    app: ChatApp
+    """Reads the conversations and the loaded model it is given; asks the app for the rest by message."""
 
     # Priority: the prompt (a TextArea) has focus nearly always and would take these keys. A dialog on
     # top is another screen, so these never stack dialogs on dialogs.
@@ -45,12 +44,31 @@ class ChatScreen(Screen):
         Binding("ctrl+g", "copy_code", "Copy code", priority=True, show=False),
     ]
 
-    def __init__(self) -> None:
+    @dataclass
+    class OpenModel(Message):
+        """Load this model (None: the first pulled pair, or the default)."""
+        entry_id: str | None
+
+    @dataclass
+    class AnswerFinished(Message):
+        """An answer ended (complete, stopped or failed) and is in the history."""
+
+    def __init__(self, chats: Conversations, model: LoadedModel, requested: str | None = None) -> None:
+        """`requested`: the model to open first (`chat MODEL`); else the conversation's, else the user's."""
         super().__init__()
+        self.chats, self.model, self._requested = chats, model, requested
         self.generating = False
         self.cancel = threading.Event()
         self.worker_done = threading.Event()
         self.worker_done.set()
+
+    def stop_answer(self) -> None:
+        """Ask the worker to end the answer after its round (the partial answer is kept)."""
+        self.cancel.set()
+
+    def wait_for_worker(self, timeout: float) -> bool:
+        """True once no decode runs in the worker thread (the models may then be freed)."""
+        return self.worker_done.wait(timeout)
 
     def compose(self):
         yield Header()
@@ -74,16 +92,12 @@ class ChatScreen(Screen):
     def stats(self) -> StatsPanel:
         return self.query_one("#stats", StatsPanel)
 
-    @property
-    def chats(self):
-        return self.app.chats
-
     async def on_mount(self) -> None:
         self.prompt.recall = self.chats.history.prompts()
         conversation = self.chats.most_recent()
         await self.open_conversation(conversation.id, apply_override=True)
         self.prompt.focus()
-        self.app.open_engine(self.app.requested or conversation.model or self.app.config.model)
+        self.post_message(self.OpenModel(self._requested or conversation.model or self.chats.config.model))
 
     def _busy(self) -> bool:
         if self.generating:
@@ -120,7 +134,7 @@ class ChatScreen(Screen):
 
     async def action_new_conversation(self) -> None:
         if not self._busy():
-            await self.open_conversation(self.chats.create(self.app.engine_id).id)
+            await self.open_conversation(self.chats.create(self.model.entry_id).id)
             self.prompt.focus()
 
     def action_rename_conversation(self) -> None:
@@ -139,7 +153,7 @@ class ChatScreen(Screen):
 
         async def done(yes: bool | None) -> None:
             if yes:
-                await self.open_conversation(self.chats.delete_current(self.app.engine_id).id)
+                await self.open_conversation(self.chats.delete_current(self.model.entry_id).id)
                 self.notify(f"Deleted “{title}”.", timeout=3)
 
         self.app.push_screen(ConfirmScreen(f"Delete the conversation “{title}” and all its messages?"), done)
@@ -164,25 +178,25 @@ class ChatScreen(Screen):
                 self._show_settings()
                 self.notify("Settings saved for this conversation.", timeout=3)
 
-        engine = self.app.engine
+        engine = self.model.engine
         self.app.push_screen(SettingsScreen(self.chats.settings, engine.drafters if engine else DRAFTER_SETTINGS), done)
 
     # ------------------------------------------------------------------ generation
 
     @on(PromptInput.Submitted)
     async def _send(self, message: PromptInput.Submitted) -> None:
-        engine = self.app.engine
+        engine = self.model.engine
         if self.generating:
             self.notify("An answer is still streaming; Esc stops it.", severity="warning")
             return
         if engine is None:
-            loading = self.app.loading
+            loading = self.model.loading
             self.notify(f"{loading} is still loading…" if loading else "No model is loaded: Ctrl+O picks one.",
                         severity="warning")
             return
         problem = unavailable_drafter(self.chats.settings.drafter, engine.drafters)
         if problem:
-            self.notify(f"{self.app.engine_id}: {problem} Ctrl+S changes the drafter.", severity="error",
+            self.notify(f"{self.model.entry_id}: {problem} Ctrl+S changes the drafter.", severity="error",
                         title="Drafter not available")
             return
         self.prompt.clear()
@@ -225,7 +239,7 @@ class ChatScreen(Screen):
         self.log_view.current = None
         self.generating = False
         self.log_view.follow()
-        self.app.answer_finished()
+        self.post_message(self.AnswerFinished())
 
     def action_cancel(self) -> None:
         if self.generating and not self.cancel.is_set():
@@ -255,8 +269,8 @@ class ChatScreen(Screen):
         self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).", timeout=3)
 
     @on(PromptInput.HelpRequested)
-    def _help(self) -> None:
-        self.app.action_help()
+    async def _help(self) -> None:
+        await self.app.run_action("help")
 
     @on(SummaryLine.Opened)
     def _details(self, message: SummaryLine.Opened) -> None:

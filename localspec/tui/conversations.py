@@ -5,13 +5,23 @@ not drawing. Works on the history (SQLite) and the user's config only; tests dri
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.config import ChatSettings, UserConfig
+from localspec.engine.contract import ChatEngine
 from localspec.engine.session import with_system
 from localspec.history import ConversationRow, History, MessageRow
 
 NEW_TITLE = "New chat"
+
+
+@dataclass
+class LoadedModel:
+    """The model the chat talks to: the app loads and sets it, the chat screen reads it."""
+    engine: ChatEngine | None = None
+    entry_id: str | None = None
+    loading: str | None = None  # the id being loaded, until it is ready or fails
 
 
 class Conversations:
