@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 from localspec import errors, paths
 from localspec.engine.api import Engine
 from localspec.engine.events import Event, Summary
+from localspec.engine.model import Vocabulary
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import EngineUnavailableError, LocalspecError
 
@@ -47,8 +48,8 @@ def _child(conn, opener: Callable[[], Engine], log: str) -> None:
                    type(exc).__name__))
         return
     conn.send(("ready", {"n_ctx": engine.n_ctx, "drafters": engine.drafters,
-                         "baseline_tokens_per_s": engine.baseline_tokens_per_s, "slots": len(engine.slots),
-                         "warnings": engine.warnings, "slot_tokens": engine.slot_tokens()}))
+                         "baseline_tokens_per_s": engine.baseline_tokens_per_s, "warnings": engine.warnings,
+                         "slot_tokens": engine.slot_tokens()}))
     try:
         while True:
             try:
@@ -147,7 +148,6 @@ class HostedEngine:
             raise _ERRORS.get(payload[1], LocalspecError)(payload[0])
         self._info: dict[str, Any] = payload[0]
         self._slot_tokens = list(self._info["slot_tokens"])
-        self.slots = [None] * self._info["slots"]
 
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
@@ -201,7 +201,7 @@ class HostedEngine:
         return list(self._info["warnings"])
 
     @property
-    def vocab(self) -> Any:
+    def vocab(self) -> Vocabulary:
         return self.target.vocab
 
     @property

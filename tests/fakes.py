@@ -50,6 +50,7 @@ class ScriptedEngine:
     calls: list = field(default_factory=list)
     closed: bool = False
     baseline_tokens_per_s: float = 10.0
+    warnings: list[str] = field(default_factory=list)
     vocab: ScriptedVocab = field(default_factory=ScriptedVocab)
     chat_template: str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 

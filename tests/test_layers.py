@@ -108,7 +108,7 @@ def test_types_hold_across_the_package():
     which must implement the contract the chat app relies on."""
     pytest.importorskip("mypy")
     root = PACKAGE.parent
-    proc = subprocess.run([sys.executable, "-m", "mypy", "localspec", "tests/fakes.py"], cwd=root,
+    proc = subprocess.run([sys.executable, "-m", "mypy", "localspec", "tests/fakes.py", "tests/toy.py"], cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -178,3 +178,17 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
     (package / "tui" / "conversations.py").write_text("")
     graph = _module_graph(package)
     assert _cycles(graph) == [["localspec.tui.app", "localspec.tui.chat"]]
+
+
+def test_the_engine_reads_models_through_their_protocol():
+    """engine/model.py declares what the engine needs of a model and a vocabulary, pinned against
+    llama.cpp's and the toy's under mypy; a `getattr`/`hasattr` probe would go around that check.
+    Only the ctypes module (engine/backend.py) may look names up on llama.cpp's bindings."""
+    probes = []
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        if path.name == "backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+                probes.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.func.id}")
+    assert not probes, "\n".join(probes)

@@ -9,6 +9,10 @@ logits of calls that evaluate 4 or more positions a little, as llama.cpp's batch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 
@@ -16,8 +20,10 @@ class ToyVocab:
     type = "toy"
     bos = 0
     eos = 1
+    eot = -1
     add_bos = True
     add_eos = False
+    fim_pre = fim_suf = fim_mid = fim_rep = fim_sep = -1
 
     def __init__(self, n_tokens: int):
         self.n_tokens = n_tokens
@@ -40,12 +46,28 @@ class ToyVocab:
             return "é".encode()[1:]   # ...and its other half
         return f"w{token} ".encode()
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [4 + (ord(c) % (self.n_tokens - 4)) for c in text]
         return ([self.bos] if add_special else []) + ids
 
 
+@dataclass(frozen=True)
+class ToyOptions:
+    """How a toy is "loaded": on this CPU, one thread."""
+    placement: str = ""
+    flash_attn: bool | None = None
+
+    def threads(self) -> int:
+        return 1
+
+    def gpu_layers(self) -> int:
+        return 0
+
+
 class ToyModel:
+    path: Path | None = None  # no file: its costs are never cached
+    build = "toy"
+    options = ToyOptions()
     def __init__(self, n_vocab: int = 48, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0, noise_seed: int | None = None,
                  noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1, batch_noise: float = 0.0):
         rng = np.random.default_rng(seed)
@@ -99,8 +121,18 @@ class ToyModel:
     def chat_template(self):
         return None
 
-    def close(self):
+    def meta(self, key: str) -> str | None:
+        return None
+
+    def close(self) -> None:
         pass
+
+
+if TYPE_CHECKING:  # the pin: the toy implements what the engine needs of a model (mypy, tests/test_layers.py)
+    from localspec.engine.model import LanguageModel
+
+    def _the_toy_implements_the_boundary(toy: ToyModel) -> LanguageModel:
+        return toy
 
 
 TWO_TOKEN_TOY = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)  # small enough to enumerate

@@ -22,6 +22,7 @@ from localspec.engine.contract import ServedEngine, available_drafters, unavaila
 from localspec.engine.drafters import Drafter, Sources, build
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
+from localspec.engine.model import LanguageModel, Vocabulary
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
 from localspec.engine.speculative import Planner, Step, speculate
@@ -43,8 +44,9 @@ class EngineOptions:
 class Engine:
     """A target model, an optional draft model, and the loop between them. One generation at a time."""
 
-    def __init__(self, target, draft=None, options: EngineOptions | None = None, *, cost: CostModel | None = None,
-                 draft_cost_s: float | None = None, template: ChatTemplate | None = None, self_draft=None,
+    def __init__(self, target: LanguageModel, draft: LanguageModel | None = None, options: EngineOptions | None = None,
+                 *, cost: CostModel | None = None, draft_cost_s: float | None = None,
+                 template: ChatTemplate | None = None, self_draft: LanguageModel | None = None,
                  history_file: Path | None = None):
         self.target = target
         self.draft = draft
@@ -53,7 +55,7 @@ class Engine:
         # Slots: the target's KV sequences. Each request takes the one holding the longest prefix of its
         # prompt, or the least recently used, so an editor's cache-warming request or a second client
         # does not evict the cache the completions at the cursor keep using (llama-server's slots).
-        self.slots = [KvSequence(target, seq=i) for i in range(getattr(target, "n_seq", 1))]
+        self.slots = [KvSequence(target, seq=i) for i in range(target.n_seq)]
         self.kv = self.slots[0]
         self._requests = 0
         # The target's verify costs: given (tests), or calibrated (trusted cache, or measured now and
@@ -104,7 +106,7 @@ class Engine:
         return 1.0 / measured if measured else self.cost.plain_tokens_per_s
 
     @property
-    def vocab(self):
+    def vocab(self) -> Vocabulary:
         return self.target.vocab
 
     @property
@@ -237,8 +239,7 @@ class Engine:
 
     def _infill_vocab(self) -> InfillVocab:
         vocab = self.target.vocab
-        eot = getattr(vocab, "eot", -1)
-        return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=eot if eot >= 0 else vocab.eos)
+        return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
 
     def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
@@ -360,7 +361,7 @@ class Engine:
         for drafter in self._drafters:
             drafter.close()
         for model in (self.self_draft, self.draft, self.target):
-            if model is not None and hasattr(model, "close"):
+            if model is not None:
                 model.close()
 
     def __enter__(self) -> "Engine":

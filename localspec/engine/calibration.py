@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from localspec import paths
+from localspec.engine.model import LanguageModel
 
 # Verify batch sizes measured at load, up to the most logits rows one decode returns
 # (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU,
@@ -233,7 +234,7 @@ def assess(spread: float, cpu_share: float | None, others_busy: float | None, pa
     return ""
 
 
-def on_this_cpu(model) -> bool:
+def on_this_cpu(model: LanguageModel) -> bool:
     """Whether the model decodes on this machine's CPU (its threads' CPU time then says whether they ran)."""
     opts = model.options
     return opts.gpu_layers() == 0 and not opts.placement
@@ -267,18 +268,18 @@ def machine_key(model_path: Path, threads: int, gpu_layers: int) -> str:
     ))
 
 
-def cache_key(model, sizes=CALIBRATION_SIZES, prefill: bool = False) -> str | None:
+def cache_key(model: LanguageModel, sizes=CALIBRATION_SIZES, prefill: bool = False) -> str | None:
     """Where this model's calibration is cached: its file, this machine, the build, the settings that
     change costs. None for a model without a file (tests' toys)."""
-    path = getattr(model, "path", None)
+    path = model.path
     if path is None or not Path(path).exists():
         return None
     opts = model.options
     key = machine_key(Path(path), opts.threads(), opts.gpu_layers()) + f"|{model.n_ctx}|{','.join(map(str, sizes))}"
-    key += f"|{getattr(model, 'build', '')}"  # a rebuilt llama.cpp (other kernels) is measured again
-    if getattr(opts, "placement", ""):
+    key += f"|{model.build}"  # a rebuilt llama.cpp (other kernels) is measured again
+    if opts.placement:
         key += f"|{opts.placement}"  # verify costs through RPC workers are theirs and the network's
-    if getattr(opts, "flash_attn", None) is not None:
+    if opts.flash_attn is not None:
         key += f"|fa={opts.flash_attn}"  # a verify batch's cost grows with the context faster with it
     return key + ("|prefill" if prefill else "")
 
@@ -328,7 +329,7 @@ class Calibrator:
 
     `sample`, `clock`, `now` and `quiet` are injectable for tests."""
 
-    def __init__(self, model, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False, *,
+    def __init__(self, model: LanguageModel, enabled: bool = True, sizes=CALIBRATION_SIZES, prefill: bool = False, *,
                  force: bool = False, sample: Callable[[], CpuSample] | None = None,
                  clock: Callable[[], float] | None = None, now: Callable[[], float] = time.time,
                  quiet: Callable[[], float | None] | None = None):

@@ -15,6 +15,7 @@ from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event
 
 if TYPE_CHECKING:
+    from localspec.engine.model import InfillTokenizer
     from localspec.engine.sampling import SamplingSettings
 
 # Every drafter setting, in the order front doors list them: "auto" lets the planner choose per round
@@ -62,6 +63,12 @@ class ChatEngine(Protocol):
         """Plain decoding of the target on this machine: a one-token decode timed at load, tracked since."""
         ...
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know about this engine (a pair that barely agrees, a self-draft for
+        another build …), said once when it is ready."""
+        ...
+
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
              cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -83,8 +90,8 @@ class ServedEngine(ChatEngine, Protocol):
     generates from token ids."""
 
     @property
-    def vocab(self) -> Any:
-        """The target's tokenizer: tokenize(), the FIM token ids, bos/add_bos (engine.backend.Vocab)."""
+    def vocab(self) -> InfillTokenizer:
+        """The target's tokenizer: tokenize(), bos/eos and the FIM token ids (engine/model.py)."""
         ...
 
     @property

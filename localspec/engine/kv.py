@@ -10,6 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
+from localspec.engine.model import LanguageModel
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -22,7 +24,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class KvSequence:
     """One sequence (slot) of a model's KV cache."""
 
-    def __init__(self, model, seq: int = 0):
+    def __init__(self, model: LanguageModel, seq: int = 0):
         self.model = model
         self.seq = seq
         self.tokens: list[int] = []
@@ -64,7 +66,7 @@ class KvSequence:
         after the cursor moves by what was typed). Returns how many of the prompt's tokens it holds.
         `min_chunk` 0, or a model whose cache cannot be shifted: the common prefix only."""
         n = common_prefix(self.tokens, prompt)
-        if min_chunk <= 0 or not getattr(self.model, "can_shift", False):
+        if min_chunk <= 0 or not self.model.can_shift:
             return n
         while n < len(prompt) and n < len(self.tokens):
             held = np.asarray(self.tokens[n + 1:], dtype=np.int64)

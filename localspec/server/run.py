@@ -27,6 +27,7 @@ DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no edito
 
 def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float | None = None) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'."""
+    assert engine.target.path is not None, "a served engine's target is a GGUF file"
     target_path = Path(engine.target.path)
     is_file = entry_id.endswith(".gguf")
     name = target_path.stem if is_file else entry_id
@@ -180,7 +181,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
                             **({"max_body": max_body} if max_body is not None else {}))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{tcp.getsockname()[1]}"
-    say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {len(engine.slots)} slots of "
+    say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {len(engine.slot_tokens())} slots of "
         f"{engine.n_ctx} tokens of context)")
     say(f"  TCP          {url}")
     if unix is not None:

@@ -140,7 +140,7 @@ class ChatApp(App):
             self.stats.baseline = message.engine.baseline_tokens_per_s
             self.stats.refresh_numbers()
         self.notify(f"{message.entry_id} is ready.", timeout=3)
-        for warning in getattr(message.engine, "warnings", []):
+        for warning in message.engine.warnings:
             self.notify(warning, severity="warning", timeout=10)
 
     @on(EngineFailed)

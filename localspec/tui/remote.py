@@ -61,6 +61,10 @@ class RemoteEngine:
     def baseline_tokens_per_s(self) -> float:
         return float(self.info.get("baseline_tokens_per_s", 0.0))
 
+    @property
+    def warnings(self) -> list[str]:
+        return []  # the server said them where it was started
+
     def chat(self, messages: Sequence[dict], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
              cancel: threading.Event | None = None) -> Iterator[Event]:

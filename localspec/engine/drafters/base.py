@@ -16,6 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from localspec.engine.adaptive import CostModel
+    from localspec.engine.model import LanguageModel
     from localspec.engine.sampling import Sampler
 
 
@@ -102,9 +103,9 @@ class Drafter:
 class Sources:
     """What the registered drafters are built from: the engine's models and settings."""
 
-    target: object
-    draft: object | None = None
-    self_draft: object | None = None
+    target: LanguageModel
+    draft: LanguageModel | None = None
+    self_draft: LanguageModel | None = None
     p_min: float = 0.5
     calibrate: bool = True
     learn_costs: bool = True

@@ -28,8 +28,7 @@ class CopyDrafter(Drafter):
 
     @classmethod
     def build(cls, sources: Sources) -> "CopyDrafter":
-        vocab = getattr(sources.target, "vocab", None)
-        return cls(NgramDrafter(ends_copy=getattr(vocab, "is_control", None)), OpeningDrafter())
+        return cls(NgramDrafter(ends_copy=sources.target.vocab.is_control), OpeningDrafter())
 
     def start(self, prompt: Sequence[int], plan: Plan) -> None:
         self.lookup.reset(prompt_len=len(prompt))

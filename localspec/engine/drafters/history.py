@@ -330,10 +330,9 @@ class HistoryDrafter(Drafter):
     def build(cls, sources: Sources) -> "HistoryDrafter | None":
         if not sources.history:
             return None
-        vocab = getattr(sources.target, "vocab", None)
-        n_vocab = int(getattr(vocab, "n_tokens", 0) or getattr(sources.target, "n_vocab", 0))
+        n_vocab = sources.target.vocab.n_tokens
         file = Path(str(sources.history_file)) if sources.history_file is not None else None
-        key = model_key(getattr(sources.target, "path", None) if file is not None else None, n_vocab)
+        key = model_key(sources.target.path if file is not None else None, n_vocab)
         index, warning = load_index(file, key, n_vocab) if file is not None else (SuffixIndex(), None)
         return cls(index, file, key, warning, n_vocab)
 

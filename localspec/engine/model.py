@@ -1,0 +1,130 @@
+"""What the engine needs of a model and of its vocabulary: the boundary between the pure engine and
+llama.cpp.
+
+`engine.backend.Model` / `Vocab` implement it on llama.cpp; the tests' toy model (tests/toy.py)
+implements it in numpy. Both are pinned to these protocols under mypy (the end of this module and of
+tests/toy.py; tests/test_layers.py runs mypy), so the engine reads a model's attributes directly,
+never through `getattr` with a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import numpy as np
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids, as a chat template and the server's prompt building use it."""
+
+    @property
+    def bos(self) -> int: ...
+    @property
+    def eos(self) -> int: ...
+
+    def text(self, token: int) -> str: ...
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+
+class InfillTokenizer(Tokenizer, Protocol):
+    """A code model's tokenizer as the server uses it: the fill-in-the-middle ids (-1: absent)."""
+
+    @property
+    def fim_pre(self) -> int: ...
+    @property
+    def fim_suf(self) -> int: ...
+    @property
+    def fim_mid(self) -> int: ...
+    @property
+    def fim_rep(self) -> int: ...
+    @property
+    def fim_sep(self) -> int: ...
+
+
+class Vocabulary(InfillTokenizer, Protocol):
+    """A model's vocabulary as the engine decodes with it: the ids that end or frame a text, and
+    each token's bytes."""
+
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def type(self) -> str:
+        """The tokenizer's kind ("spm", "bpe", …): a pair must share it (engine/pairing.py)."""
+        ...
+    @property
+    def eot(self) -> int:
+        """End of turn, or -1 when the vocabulary has none (then `eos` ends an infill)."""
+        ...
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def add_eos(self) -> bool: ...
+
+    def is_eog(self, token: int) -> bool: ...
+    def is_control(self, token: int) -> bool: ...
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+class LoadSettings(Protocol):
+    """How a model was loaded, as far as it decides its decode costs (engine/calibration.py's cache key)."""
+
+    @property
+    def placement(self) -> str:
+        """Where the layers are: "" on this machine, "rpc:HOST:PORT,…" on RPC workers."""
+        ...
+    @property
+    def flash_attn(self) -> bool | None: ...
+
+    def threads(self) -> int: ...
+    def gpu_layers(self) -> int: ...
+
+
+class LanguageModel(Protocol):
+    """A loaded model with KV sequences (slots) the engine extends, rolls back and shifts."""
+
+    @property
+    def path(self) -> Path | None:
+        """Its GGUF file; None for a model without one (nothing to cache its costs by)."""
+        ...
+    @property
+    def vocab(self) -> Vocabulary: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx(self) -> int:
+        """Tokens one sequence may hold."""
+        ...
+    @property
+    def n_seq(self) -> int: ...
+    @property
+    def can_shift(self) -> bool:
+        """Whether cached positions can be moved down (`cut`); not every model's cache can."""
+        ...
+    @property
+    def build(self) -> str:
+        """The llama.cpp build it runs on: costs measured on another build are measured again."""
+        ...
+    @property
+    def options(self) -> LoadSettings: ...
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value ("general.architecture", …); None when absent."""
+        ...
+
+    def decode(self, tokens: list[int], start: int, logits_for: list[int],
+               seq: int = 0) -> np.ndarray:
+        """Evaluate `tokens` at positions start… of sequence `seq`; the logits rows at `logits_for`."""
+        ...
+    def truncate(self, n_keep: int, seq: int = 0) -> None: ...
+    def cut(self, p0: int, p1: int, seq: int = 0) -> None: ...
+    def close(self) -> None: ...
+
+
+if TYPE_CHECKING:  # the pin: llama.cpp's model implements the protocol (mypy checks this function)
+    from localspec.engine.backend import Model, Vocab
+
+    def _llama_cpp_implements_the_boundary(model: Model, vocab: Vocab) -> Sequence[object]:
+        as_model: LanguageModel = model
+        as_vocab: Vocabulary = vocab
+        return as_model, as_vocab
