@@ -52,8 +52,15 @@ def svg(rows: list[Row], title: str) -> str:
     out.append(f'<text x="{x0 - 40}" y="{y0 - plot_h / 2}" transform="rotate(-90 {x0 - 40} {y0 - plot_h / 2})" '
                f'text-anchor="middle">speedup over the faster plain (greedy)</text>')
 
-    # acceptance by position, over all suites
-    ax0, aw = left_w + 40, W - left_w - 70
+    out += _acceptance_panel(greedy, variants, colors, left_w + 40, W - left_w - 70, y0, plot_h)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _acceptance_panel(greedy: list[Row], variants: list[str], colors: list[str], ax0: float, aw: float, y0: float,
+                      plot_h: float) -> list[str]:
+    """The right panel: acceptance by draft position, over all suites, one line per variant."""
+    out: list[str] = []
     out.append(f'<line x1="{ax0}" y1="{y0}" x2="{ax0 + aw}" y2="{y0}" stroke="black"/>')
     out.append(f'<line x1="{ax0}" y1="{y0}" x2="{ax0}" y2="{y0 - plot_h}" stroke="black"/>')
     for tick in (0, 0.25, 0.5, 0.75, 1.0):
@@ -72,8 +79,7 @@ def svg(rows: list[Row], title: str) -> str:
         out.append('<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>'.format(
             c, " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)))
         out.extend(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{c}"/>' for px, py in pts)
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 def _esc(text: str) -> str:

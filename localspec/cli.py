@@ -3,53 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from localspec import __version__, paths
-from localspec.engine.contract import DRAFTER_HELP, DRAFTER_SETTINGS
-from localspec.engine.sampling import SamplingSettings
+from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, no_history_option, rpc_options, sampling,
+                                   sampling_options)
+from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.errors import LocalspecError
 from localspec.units import human_bytes
 
 
-SAMPLING = SamplingSettings()  # the defaults of every sampling option
-DRAFTER_OPTION_HELP = "; ".join(f"{name}: {what}" for name, what in DRAFTER_HELP.items()) + "."
-
-
-def rpc_options(command):
-    """--rpc, --rpc-allow-public and --tensor-split, on every command that loads a model."""
-    command = click.option("--tensor-split", default=None, metavar="A,B,...",
-                           help="Share of the target's layers on each RPC worker (default: by their free memory).")(command)
-    command = click.option("--rpc-allow-public", is_flag=True,
-                           help="Accept RPC workers beyond loopback and private addresses (the protocol has no "
-                                "authentication).")(command)
-    return click.option("--rpc", default=None, metavar="HOST:PORT[,...]",
-                        help="Put the target's layers on llama.cpp RPC workers (`localspec rpc-worker` on each; "
-                             "default: the rpc_workers setting); the draft stays local. Workers belong on a trusted "
-                             "network only.")(command)
-
-
 def rpc_load_options(rpc: str | None, allow_public: bool, tensor_split: str | None) -> dict:
     """load()'s rpc and tensor_split from the options, or from settings.yaml's rpc_workers."""
-    from localspec.config import load_user_config
-    from localspec.rpc import parse_workers
+    from localspec.rpc import placement_options
 
-    workers = parse_workers(rpc if rpc is not None else load_user_config().rpc_workers, allow_public)
-    if not workers:
-        if tensor_split:
-            raise click.BadParameter("needs --rpc workers", param_hint="--tensor-split")
-        return {}
-    try:
-        split = tuple(float(x) for x in tensor_split.split(",")) if tensor_split else ()
-    except ValueError:
-        raise click.BadParameter("must be numbers, e.g. 3,1", param_hint="--tensor-split") from None
-    if any(x < 0 for x in split) or (split and not sum(split)):
-        raise click.BadParameter("must be shares of zero or more, not all zero", param_hint="--tensor-split")
-    return {"rpc": workers, "tensor_split": split}
+    return placement_options(rpc, allow_public, tensor_split)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,37 +69,14 @@ def pull(entry_id: str, source: str, self_draft: bool, budget: float) -> None:
 @click.option("--paths", "show_paths", is_flag=True, help="Where localspec keeps models, settings and the user catalog.")
 def list_(available: bool, show_paths: bool) -> None:
     """Pulled models and pairs: sizes, where they live, what is missing."""
-    from localspec.catalog import load_catalog
-    from localspec.registry import Registry
+    from localspec.inventory import listing
 
     if show_paths:
-        for label, path in (("data", paths.data_dir()), ("models", paths.models_dir()), ("cache", paths.cache_dir()),
-                            ("config", paths.config_dir()), ("user catalog", paths.user_catalog_file()),
-                            ("settings", paths.settings_file()), ("runtime", paths.runtime_dir())):
+        for label, path in paths.every_place():
             click.echo(f"{label:13} {path}")
         return
-    catalog = load_catalog()
-    registry = Registry()
-    pulled = {mid for mid in catalog.models if registry.valid(mid)}
-
-    click.echo("Pairs:")
-    for pair in catalog.pairs.values():
-        have = [m.id in pulled for m in pair.models]
-        if not available and not any(have):
-            continue
-        state = "ready" if all(have) else ("missing " + ", ".join(m.id for m, h in zip(pair.models, have) if not h)
-                                           if any(have) else "not pulled")
-        default = " (default)" if pair.id == catalog.default_pair else ""
-        click.echo(f"  {pair.id:22} {state:28} {pair.target.id} + {pair.draft.id}{default}")
-    click.echo("Models:")
-    for model in catalog.models.values():
-        record = registry.valid(model.id)
-        if record:
-            click.echo(f"  {model.id:30} {human_bytes(record.size):>9}  {record.source:4}  {record.path}")
-        elif available:
-            click.echo(f"  {model.id:30} {human_bytes(model.size):>9}  {'/'.join(model.sources):8} not pulled  {model.title}")
-    if not pulled and not available:
-        click.echo(f"  (nothing pulled yet; try `localspec pull {catalog.default_pair}` or `localspec list --available`)")
+    for line in listing(available):
+        click.echo(line)
 
 
 @cli.command()
@@ -136,32 +84,18 @@ def list_(available: bool, show_paths: bool) -> None:
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 def rm(entry_id: str, yes: bool) -> None:
     """Delete a pulled model, or both models of a pair (a draft still used by another pulled pair stays)."""
-    from localspec.catalog import PairSpec, load_catalog
-    from localspec.pull import remove_model
-    from localspec.registry import Registry
+    from localspec.inventory import plan_removal
 
-    catalog = load_catalog()
-    entry = catalog.resolve(entry_id)
-    registry = Registry()
-    models = list(entry.models) if isinstance(entry, PairSpec) else [entry]
-    doomed = []
-    for model in models:
-        keepers = [p.id for p in catalog.pairs_using(model.id)
-                   if p.id != entry_id and all(registry.valid(m.id) for m in p.models)]
-        if isinstance(entry, PairSpec) and keepers:
-            click.echo(f"Keeping {model.id}: the pulled pair {keepers[0]} uses it too.")
-            continue
-        doomed.append(model)
-    present = [m for m in doomed if registry.get(m.id)]
-    if not present:
+    removal = plan_removal(entry_id)
+    for model_id, pair_id in removal.kept:
+        click.echo(f"Keeping {model_id}: the pulled pair {pair_id} uses it too.")
+    if not removal.models:
         click.echo(f"Nothing to remove for {entry_id}.")
         return
-    total = sum(record.size for m in present if (record := registry.get(m.id)) is not None)
     if not yes and sys.stdin.isatty():
-        click.confirm(f"Delete {', '.join(m.id for m in present)} ({human_bytes(total)})?", abort=True)
-    for model in present:
-        for path in remove_model(model, registry):
-            click.echo(f"Deleted {path}")
+        click.confirm(f"Delete {', '.join(m.id for m in removal.models)} ({human_bytes(removal.size)})?", abort=True)
+    for path in removal.delete():
+        click.echo(f"Deleted {path}")
 
 
 @cli.command()
@@ -174,7 +108,7 @@ def check(target: str, draft: str) -> None:
     """
     from localspec.engine.backend import VocabFile
     from localspec.engine.pairing import check_pair
-    from localspec.loader import model_file
+    from localspec.names import model_file
 
     target_path, draft_path = model_file(target), model_file(draft)
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
@@ -193,85 +127,10 @@ def check(target: str, draft: str) -> None:
 @cli.command()
 def doctor() -> None:
     """The llama.cpp build (GPU offload or CPU only), devices, threads, and where files live."""
-    import os
+    from localspec.doctor import report
 
-    from localspec.engine import backend
-
-    gpu = backend.supports_gpu_offload()
-    click.echo(f"localspec           {__version__}")
-    click.echo(f"llama-cpp-python    {backend.bindings_version()}")
-    click.echo(f"GPU offload         {'yes' if gpu else 'no (CPU only build)'}")
-    click.echo(f"RPC workers         {'yes (--rpc HOST:PORT; localspec rpc-worker)' if backend.supports_rpc() else 'no (rebuild: bash scripts/setup.sh)'}")
-    for device in backend.devices():
-        mem = f"{device.free_bytes / 2**30:.1f}/{device.total_bytes / 2**30:.1f} GiB free" if device.total_bytes else ""
-        click.echo(f"  device {device.kind:5} {device.name}: {device.description} {mem}")
-    click.echo(f"CPU threads         {os.cpu_count()} (localspec uses all by default)")
-    click.echo(f"llama.cpp features  {backend.system_info()}")
-    click.echo(f"flash attention     {_flash_attention_state()}")
-    if not gpu:
-        click.echo("For an NVIDIA GPU, rebuild with CUDA: see README, section 'GPU'.")
-    click.echo(f"models              {paths.models_dir()}")
-    click.echo(f"config              {paths.config_dir()}")
-    click.echo(f"cache               {paths.cache_dir()}")
-    from localspec.pull import hub_cache_dir, hub_endpoint
-
-    click.echo(f"HF endpoint/cache   {hub_endpoint()}  {hub_cache_dir() or '(huggingface_hub default)'}")
-    _doctor_history()
-    _doctor_calibrations()
-
-
-def _flash_attention_state() -> str:
-    from localspec.config import load_user_config
-
-    try:
-        setting = load_user_config().flash_attention
-    except LocalspecError as exc:
-        return f"unknown ({exc})"
-    state = "llama.cpp's choice" if setting == "auto" else setting
-    return f"{state} (flash_attention: {setting} in settings)"
-
-
-def _doctor_history() -> None:
-    """The "history" drafter's stored indexes: one per target file, each bounded."""
-    from localspec.config import load_user_config
-    from localspec.engine.drafters.history import MAX_TOKENS, describe_file, memory_bound
-
-    folder = paths.history_dir()
-    try:
-        state = "on" if load_user_config().history_drafts else "off (history_drafts: false in settings)"
-    except LocalspecError as exc:
-        state = f"unknown ({exc})"
-    click.echo(f"drafting history    {state}; {folder}")
-    click.echo(f"  bounded to {MAX_TOKENS:,} tokens per target (~{human_bytes(memory_bound())} in memory while loaded)")
-    for file in sorted(folder.glob("*.npz")) if folder.exists() else []:
-        try:
-            documents, tokens = describe_file(file)
-            detail = f"{documents} requests, {tokens:,} tokens"
-        except ValueError as exc:
-            detail = f"unreadable ({exc}); ignored and rebuilt at the next load"
-        click.echo(f"  {file.name}: {human_bytes(file.stat().st_size)}, {detail}")
-
-
-def _doctor_calibrations() -> None:
-    """Each cached calibration: its age, and how it was measured (only trusted ones are cached)."""
-    import time
-
-    from localspec.engine.calibration import cached_entries
-    from localspec.units import human_age
-
-    entries = cached_entries()
-    click.echo(f"calibrations        {len(entries)} cached in {paths.calibration_file()} (`localspec calibrate ID --force` "
-               "measures again)")
-    for entry in entries:
-        c = entry.calibration
-        if c is None:
-            click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: unchecked (cached before calibrations were "
-                       "checked); measured again at the next load")
-            continue
-        state = "trusted" if c.trusted else f"not trusted: {c.problem}"
-        shape = f", 16 positions {c.costs[16] / c.costs[1]:.1f}x one" if 1 in c.costs and 16 in c.costs else ""
-        click.echo(f"  {entry.model} {entry.kind}, ctx {entry.n_ctx}: {state}, {human_age(time.time() - c.measured_at)} "
-                   f"old; {c.headline()}{shape} ({c.how()})")
+    for line in report():
+        click.echo(line)
 
 
 @cli.command()
@@ -313,20 +172,15 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @click.argument("entry_id")
 @click.argument("prompt")
 @click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True, help=DRAFTER_OPTION_HELP)
-@click.option("--draft-len", default="auto", show_default=True, help="'auto' (adaptive) or a fixed number of tokens.")
-@click.option("--temperature", type=float, default=SAMPLING.temperature, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=SAMPLING.top_k, show_default=True)
-@click.option("--top-p", type=float, default=SAMPLING.top_p, show_default=True)
-@click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True)
-@click.option("--repeat-penalty", type=float, default=SAMPLING.repeat_penalty, show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("--draft-len", type=DraftLength(), default="auto", show_default=True,
+              help="'auto' (adaptive) or a fixed number of tokens.")
+@sampling_options
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
-@click.option("--no-history-drafts", is_flag=True,
-              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@no_history_option
 @rpc_options
 def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
         system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
@@ -335,28 +189,16 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
     goes to stderr.
     """
-    from localspec.loader import load
+    from localspec.config import load_user_config
     from localspec.engine.events import Round, Summary
-    from localspec.engine.sampling import SamplingSettings
+    from localspec.loader import load
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    if draft_len == "auto":
-        fixed = None
-    else:
-        try:
-            fixed = int(draft_len)
-        except ValueError:
-            raise click.BadParameter("must be 'auto' or a whole number", param_hint="--draft-len") from None
-        if fixed < 0:
-            raise click.BadParameter("must be 0 or more", param_hint="--draft-len")
-    settings = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, seed=seed)
-    from localspec.config import load_user_config
-
+    settings = sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     config = load_user_config()
     placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
-    with load(entry_id, drafter=drafter, draft_len=fixed, n_ctx=n_ctx, history=config.history(no_history_drafts),
+    with load(entry_id, drafter=drafter, draft_len=draft_len, n_ctx=n_ctx, history=config.history(no_history_drafts),
               flash_attn=config.flash_attn(), **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -387,8 +229,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
                                               "loading models in this process.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="The server's Unix socket for --connect (default: the one `localspec serve` uses).")
-@click.option("--no-history-drafts", is_flag=True,
-              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@no_history_option
 @rpc_options
 def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_drafts, rpc, rpc_allow_public,
          tensor_split) -> None:
@@ -436,8 +277,7 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
 @click.option("--cache-reuse", type=click.IntRange(0, 100_000), default=16, show_default=True,
               help="Reuse cached runs of at least this many tokens that moved within the prompt, by shifting them in "
                    "the KV cache (llama-server's --cache-reuse; an editor's window of the file slides). 0: prefix only.")
-@click.option("--no-history-drafts", is_flag=True,
-              help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+@no_history_option
 @click.option("--max-request-mb", type=click.FloatRange(0, min_open=True), default=None,
               help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
                    "max_request_mb, 8).")
@@ -497,77 +337,21 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
     acceptance and costs allow, and for greedy runs how much of the plain answer the speculative one
     reproduced.
     """
-    import platform
-
-    from localspec import bench as b
+    from localspec.bench.job import run as run_bench
     from localspec.catalog import load_catalog
-    from localspec.loader import load
 
-    names = [d.strip() for d in drafter.split(",") if d.strip()]
-    drafters = list(b.DRAFTERS) if names == ["all"] else names
-    for d in drafters:
-        if d not in b.DRAFTERS:
-            raise click.BadParameter(f"unknown drafter '{d}'", param_hint="--drafter")
     try:
         temps = [float(t) for t in temperatures.split(",")]
     except ValueError:
         raise click.BadParameter("must be numbers, e.g. 0,0.7", param_hint="--temperature") from None
     if max_tokens < 1 or repeat < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-tokens/--repeat")
-    suite_names = [s.strip() for s in suites.split(",") if s.strip()]
-    prompts = b.load_suites(suite_names)
-    sessions = b.load_sessions() if b.SESSIONS in suite_names else []
-    if limit:
-        prompts = [p for p in prompts if p.index < limit]
-        sessions = [s for s in sessions if s.index < limit]
-    entry = entry_id or load_catalog().default_pair
-    self_draft = None
-    if "self" in drafters:
-        from localspec.selfdraft import find_self_draft
-
-        self_draft = find_self_draft(entry)
-        if self_draft is None:
-            if names == ["all"]:
-                drafters.remove("self")
-                click.echo("(no self-draft for this target: `localspec draft make` builds one; skipping 'self')", err=True)
-            else:
-                raise LocalspecError(f"No self-draft for {entry} yet; build one with `localspec draft make {entry}`.")
-    # The drafting history in memory only: a bench neither reads nor feeds the user's own.
-    placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
-    if placement and peers:
-        click.echo("(with --rpc the peers run locally: they say what the same file does on this machine alone)", err=True)
-    engine = load(entry, drafter="auto", n_ctx=n_ctx, self_draft=self_draft, history="memory", isolate=False,
-                  **placement)  # the bench reads the engine's costs: in this process, even with --rpc
-    click.echo(f"localspec bench: {entry} on {platform.machine()} ({os.cpu_count()} threads); "
-               f"{len(prompts)} prompts, {len(sessions)} sessions, {max_tokens} tokens, T in {temps}, "
-               f"repeat {repeat}, drafters {drafters}", err=True)
-    with engine:
-        runs, not_run = [], {}
-        if prompts:
-            runs, not_run = b.bench(engine, prompts, drafters=drafters, temperatures=temps, max_tokens=max_tokens,
-                                    repeat=repeat, peers=peers, peer_prompts=peer_prompts,
-                                    progress=lambda m: click.echo(m, err=True))
-        if sessions:
-            runs += b.bench_sessions(engine, sessions, drafters=drafters, max_tokens=max_tokens, peers=peers,
-                                     progress=lambda m: click.echo(m, err=True))
-        rows = b.summarize(runs, engine.cost.verify, b.draft_costs(engine))
-        meta = b.meta(engine, entry, max_tokens=max_tokens, repeat=repeat, temperatures=temps, drafters=drafters,
-                      peers_not_run=not_run)
-    click.echo(b.markdown(rows))
-    click.echo("\nSpeedups are against the faster plain decoding in this run (localspec's, or llama-cpp-python's "
-               "`Llama` on the same file); first token: median from an empty cache, prompt included.")
-    for peer, why in not_run.items():
-        click.echo(f"{peer}: not run ({why})")
-    for role, name, size, note in meta["draft_files"]:
-        click.echo(f"\n{role}: {name}, {human_bytes(size)}{note}")
-    if json_path:
-        Path(json_path).write_text(json.dumps(b.to_json(runs, rows, meta), indent=1))
-        click.echo(f"raw runs: {json_path}", err=True)
-    if plot_path:
-        from localspec.benchplot import svg
-
-        Path(plot_path).write_text(svg(rows, f"localspec bench: {entry}, {max_tokens} tokens"))
-        click.echo(f"plot: {plot_path}", err=True)
+    report = run_bench(entry_id or load_catalog().default_pair, drafter=drafter,
+                       suites=[s.strip() for s in suites.split(",") if s.strip()], max_tokens=max_tokens,
+                       repeat=repeat, temperatures=temps, peers=peers, limit=limit, peer_prompts=peer_prompts,
+                       n_ctx=n_ctx, placement=rpc_load_options(rpc, rpc_allow_public, tensor_split),
+                       json_path=json_path, plot_path=plot_path, say=lambda m: click.echo(m, err=True))
+    click.echo(report)
 
 
 @cli.command(name="rpc-worker")
@@ -585,30 +369,10 @@ def rpc_worker(host: str, port: int, threads: int | None, use_cache: bool, allow
 
     The protocol has no authentication: run workers on a trusted network only.
     """
-    import threading
+    from localspec.rpc import serve_worker
 
-    from localspec.engine import backend
-    from localspec.rpc import check_bind_address
-
-    if not backend.supports_rpc():
-        raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
-                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
-    check_bind_address(host, allow_public)
-    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     cache = paths.ensure(paths.cache_dir() / "rpc") if use_cache else None
-    n = threads or os.cpu_count() or 1
-    click.echo(f"localspec rpc-worker on {endpoint}, {n} threads{f', cache {cache}' if cache else ''}. "
-               "Trusted networks only: the RPC protocol has no authentication. Ctrl+C stops it.", err=True)
-    # The server loop is C and never returns: run it beside the main thread, which stays free for Ctrl+C.
-    worker = threading.Thread(target=backend.serve_rpc, args=(endpoint, n, cache), daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.5)
-    except KeyboardInterrupt:
-        click.echo("Stopped.", err=True)
-        return
-    raise LocalspecError(f"The RPC worker could not listen on {endpoint} (in use, or not this machine's address).")
+    serve_worker(host, port, threads, cache, allow_public, say=lambda m: click.echo(m, err=True))
 
 
 @cli.group()

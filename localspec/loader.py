@@ -12,73 +12,47 @@ from typing import TYPE_CHECKING, Any
 
 from localspec.engine.api import Engine, load_files
 from localspec.errors import LocalspecError
+from localspec.names import resolve
 
 if TYPE_CHECKING:
     from localspec.engine.calibration import Calibration
     from localspec.hosted import HostedEngine
 
 
-def _is_path(name: str) -> bool:
-    return Path(name).suffix == ".gguf" or Path(name).exists()
+def load(id_or_path: str, *, rpc: list[str] | None = None, **options: Any) -> Engine | HostedEngine:
+    """Load a catalog pair or model id, or a GGUF path, as `load_here` does; but with `rpc` workers
+    the engine runs in a child process (localspec.hosted: a worker dying mid-answer must not end this
+    one)."""
+    opener = _opener(id_or_path, rpc=rpc, **options)
+    if rpc:
+        from localspec.hosted import HostedEngine
+
+        return HostedEngine(opener, opener.args[0], rpc)
+    return opener()
 
 
-def model_file(name: str) -> Path:
-    """The GGUF file of one model: a path as it is, or a (pulled) catalog model id."""
-    from localspec.catalog import PairSpec, load_catalog
-    from localspec.pull import model_path
-
-    if _is_path(name):
-        return Path(name)
-    entry = load_catalog().resolve(name)
-    if isinstance(entry, PairSpec):
-        raise LocalspecError(f"'{name}' is a pair; give a model id or a GGUF path.")
-    return model_path(entry)
+def load_here(id_or_path: str, **options: Any) -> Engine:
+    """Load a catalog pair or model id, or a GGUF path, in this process (the bench reads its costs),
+    even with RPC workers. Options are `_opener`'s."""
+    return _opener(id_or_path, **options)()
 
 
-def resolve(id_or_path: str, draft: str | None = None) -> tuple[Path, Path | None]:
-    """The target's and the draft's files for a pair id, a model id or a GGUF path (`draft` overrides)."""
-    from localspec.catalog import PairSpec, load_catalog
-    from localspec.pull import model_path
-
-    draft_path: Path | None = None
-    if _is_path(id_or_path):
-        target_path = Path(id_or_path)
-    else:
-        entry = load_catalog().resolve(id_or_path)
-        if isinstance(entry, PairSpec):
-            target_path, draft_path = model_path(entry.target), model_path(entry.draft)
-        else:
-            target_path = model_path(entry)
-    if draft:
-        draft_path = model_file(draft)
-    return target_path, draft_path
-
-
-def load(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | None = None,
-         rpc: list[str] | None = None, tensor_split: tuple[float, ...] = (), isolate: bool = True,
-         **options: Any) -> Engine | HostedEngine:
-    """Load a catalog pair or model id, or a GGUF path (with `draft=` another path or id). With the
-    drafter 'self' and no `self_draft`, the one `localspec draft make` built for this target. `rpc`:
-    workers (checked HOST:PORT, localspec.rpc.parse_workers) that hold the target's layers, split by
-    `tensor_split` (default: by their free memory); with `isolate` the engine then runs in a child
-    process (localspec.hosted: a worker dying mid-answer must not end this one). `options` are
-    `engine.api.load_files`'s: drafter, draft_len, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers,
-    calibrate, slots, history, flash_attn."""
+def _opener(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | None = None,
+            rpc: list[str] | None = None, tensor_split: tuple[float, ...] = (),
+            **options: Any) -> functools.partial[Engine]:
+    """How to open the engine (a picklable call): `draft=` another path or id; with the drafter 'self'
+    and no `self_draft`, the one `localspec draft make` built for this target. `rpc`: workers (checked
+    HOST:PORT, localspec.rpc.parse_workers) that hold the target's layers, split by `tensor_split`
+    (default: by their free memory). `options` are `engine.api.load_files`'s: drafter, draft_len,
+    n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, calibrate, slots, history, flash_attn."""
     target_path, draft_path = resolve(id_or_path, draft)
     if options.get("drafter") == "self" and self_draft is None:
-        from localspec.selfdraft import find_self_draft
+        from localspec.selfdraft import find_self_draft, no_self_draft
 
         self_draft = find_self_draft(str(target_path))
         if self_draft is None:
-            raise LocalspecError(f"No self-draft for {target_path.name} yet; build one with "
-                                 f"`localspec draft make {id_or_path}`.")
-    opener = functools.partial(open_files, target_path, draft_path, self_draft, tuple(rpc or ()), tensor_split,
-                               options)
-    if rpc and isolate:
-        from localspec.hosted import HostedEngine
-
-        return HostedEngine(opener, target_path, rpc)
-    return opener()
+            raise no_self_draft(id_or_path)
+    return functools.partial(open_files, target_path, draft_path, self_draft, tuple(rpc or ()), tensor_split, options)
 
 
 def open_files(target_path: Path, draft_path: Path | None, self_draft: str | Path | None, rpc: tuple[str, ...],
@@ -94,11 +68,9 @@ def _rpc_placement(workers: list[str], tensor_split: tuple[float, ...]) -> dict[
     """The target's devices on RPC workers, after asking each for its protocol version (ggml's own
     client would end the process on a worker that is down or speaks another version)."""
     from localspec.engine import backend
-    from localspec.rpc import check_workers
+    from localspec.rpc import check_workers, require_rpc_backend
 
-    if not backend.supports_rpc():
-        raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
-                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
+    require_rpc_backend()
     if tensor_split and len(tensor_split) != len(workers):
         raise LocalspecError(f"--tensor-split gives {len(tensor_split)} shares for {len(workers)} RPC workers.")
     check_workers(workers)

@@ -90,6 +90,12 @@ def history_index_file(model_path: Path) -> Path:
     return history_dir() / f"{Path(model_path).stem}.npz"
 
 
+def every_place() -> list[tuple[str, Path]]:
+    """(label, path) of every place localspec keeps files, for `localspec list --paths`."""
+    return [("data", data_dir()), ("models", models_dir()), ("cache", cache_dir()), ("config", config_dir()),
+            ("user catalog", user_catalog_file()), ("settings", settings_file()), ("runtime", runtime_dir())]
+
+
 def ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path

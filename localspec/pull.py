@@ -202,7 +202,7 @@ def _pull_hub(model: ModelSpec, registry: Registry, say: Say) -> Record:
             (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError),
             f"{hub.repo}/{spec.name}",
         )
-        digests.append(_verify(Path(path), spec, source=f"the Hub ({endpoint}, {hub.repo})", delete=_delete_hub_file))
+        digests.append(_verify(Path(path), spec, source=f"the Hub ({endpoint}, {hub.repo})", delete=delete_hub_file))
         local.append(Path(path))
     say(f"{model.id}: verified {human_bytes(sum(p.stat().st_size for p in local))} in the HF cache: {local[0]}")
     return registry.put(model.id, path=local[0], files=local, sha256=digests[0], source="hub")
@@ -235,7 +235,7 @@ def _default_hub_cache() -> str:
     return constants.HF_HUB_CACHE
 
 
-def _delete_hub_file(path: Path) -> None:
+def delete_hub_file(path: Path) -> None:
     """Remove a cached Hub file: the snapshot link and the blob it points to."""
     blob = path.resolve()
     for p in {path, blob}:
@@ -401,26 +401,6 @@ def _check_space(folder: Path, needed: int | None) -> None:
 
 
 # ----------------------------------------------------------------------------- removing
-
-
-def remove_model(model: ModelSpec, registry: Registry | None = None) -> list[Path]:
-    """Delete a pulled model's files (HF cache files too: that is what frees the space)."""
-    registry = registry or Registry()
-    record = registry.get(model.id)
-    removed: list[Path] = []
-    candidates = [Path(f) for f in record.files] if record else []
-    own = paths.models_dir() / model.filename
-    if own.exists() and own not in candidates:
-        candidates.append(own)
-    for path in candidates:
-        if path.is_symlink() or path.exists():
-            if record and record.source == "hub":
-                _delete_hub_file(path)
-            else:
-                path.unlink(missing_ok=True)
-            removed.append(path)
-    registry.drop(model.id)
-    return removed
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from pathlib import Path
+from typing import Callable
 
 from localspec.errors import EngineUnavailableError, LocalspecError
 
@@ -116,3 +118,56 @@ def check_bind_address(host: str, allow_public: bool) -> None:
     if host in ("0.0.0.0", "::") or not is_trusted(host):
         raise LocalspecError(f"Listening on {host} may expose the worker beyond a trusted network. {TRUSTED_ONLY}. "
                              "Give this machine's private address with --host, or pass --allow-public.")
+
+
+def placement_options(rpc: str | None, allow_public: bool, tensor_split: str | None) -> dict:
+    """load()'s rpc and tensor_split from --rpc/--tensor-split, or from settings.yaml's rpc_workers."""
+    from localspec.config import load_user_config
+
+    workers = parse_workers(rpc if rpc is not None else load_user_config().rpc_workers, allow_public)
+    if not workers:
+        if tensor_split:
+            raise LocalspecError("--tensor-split needs --rpc workers.")
+        return {}
+    try:
+        split = tuple(float(x) for x in tensor_split.split(",")) if tensor_split else ()
+    except ValueError:
+        raise LocalspecError("--tensor-split must be numbers, e.g. 3,1.") from None
+    if any(x < 0 for x in split) or (split and not sum(split)):
+        raise LocalspecError("--tensor-split must be shares of zero or more, not all zero.")
+    return {"rpc": workers, "tensor_split": split}
+
+
+def require_rpc_backend() -> None:
+    """Refuse clearly when llama-cpp-python was built without llama.cpp's RPC backend."""
+    from localspec.engine import backend
+
+    if not backend.supports_rpc():
+        raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
+                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
+
+
+def serve_worker(host: str, port: int, threads: int | None, cache: Path | None, allow_public: bool,
+                 say: Callable[[str], None]) -> None:
+    """`localspec rpc-worker`: llama.cpp's RPC server until Ctrl+C. Its loop is C and never returns,
+    so it runs beside the main thread, which stays free for Ctrl+C."""
+    import os
+    import threading
+
+    from localspec.engine import backend
+
+    require_rpc_backend()
+    check_bind_address(host, allow_public)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    n = threads or os.cpu_count() or 1
+    say(f"localspec rpc-worker on {endpoint}, {n} threads{f', cache {cache}' if cache else ''}. "
+        "Trusted networks only: the RPC protocol has no authentication. Ctrl+C stops it.")
+    worker = threading.Thread(target=backend.serve_rpc, args=(endpoint, n, cache), daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.5)
+    except KeyboardInterrupt:
+        say("Stopped.")
+        return
+    raise LocalspecError(f"The RPC worker could not listen on {endpoint} (in use, or not this machine's address).")

@@ -45,7 +45,7 @@ from localspec.engine.speculative import Planner
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
            sessions: list[str] = ()) -> None:
     from localspec import load
-    from localspec.bench import _next_messages as next_messages
+    from localspec.bench import next_messages
     from localspec.bench import load_sessions, load_suites, parse_prompts
     from localspec.engine.events import answer_tokens
     from localspec.engine.sampling import SamplingSettings

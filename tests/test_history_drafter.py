@@ -9,7 +9,7 @@ import pytest
 from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.drafters import REGISTRY, HistoryDrafter
-from localspec.engine.drafters.history import SuffixIndex, load_index, model_key, save_index
+from localspec.engine.drafters.suffix_index import SuffixIndex, load_index, model_key, save_index
 from localspec.engine.events import Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import REPLAY_TOLERANCE, SamplingSettings

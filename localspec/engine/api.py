@@ -420,12 +420,9 @@ def load_files(
                                              placement=placement, flash_attn=flash_attn))
     draft_model = self_model = None
     try:
-        if draft_path is not None:
-            draft_model = Model(Path(draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
-                                                               n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn))
-        if self_draft_path is not None:
-            self_model = Model(Path(self_draft_path), ModelOptions(n_ctx=n_ctx, n_threads=n_threads,
-                                                                   n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn))
+        local = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn)
+        draft_model = Model(Path(draft_path), local) if draft_path is not None else None
+        self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse)
         return Engine(target, draft_model, options, self_draft=self_model,

@@ -16,6 +16,7 @@ from localspec import paths
 from localspec.engine.api import Engine
 from localspec.engine.contract import describe_drafters
 from localspec.errors import LocalspecError
+from localspec.names import is_path
 from localspec.server.common import Served
 from localspec.server.scheduler import Scheduler
 
@@ -29,7 +30,7 @@ def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float 
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'."""
     assert engine.target.path is not None, "a served engine's target is a GGUF file"
     target_path = Path(engine.target.path)
-    is_file = entry_id.endswith(".gguf")
+    is_file = is_path(entry_id)
     name = target_path.stem if is_file else entry_id
     aliases = {name, "localspec", target_path.name, target_path.stem}
     family, quant, size = "", "", 0

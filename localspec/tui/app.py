@@ -21,7 +21,7 @@ from localspec.errors import LocalspecError
 from localspec.history import History
 from localspec.tui.chat import ChatScreen
 from localspec.tui.conversations import Conversations, LoadedModel
-from localspec.tui.provider import LocalProvider
+from localspec.tui.provider import LocalProvider, Provider
 from localspec.tui.screens import HelpScreen, ModelPicker
 
 
@@ -45,7 +45,7 @@ class ChatApp(App):
         entry_id: str
         error: str
 
-    def __init__(self, provider, *, entry_id: str | None = None, drafter: str | None = None,
+    def __init__(self, provider: Provider, *, entry_id: str | None = None, drafter: str | None = None,
                  history: History | None = None, config: UserConfig | None = None):
         super().__init__()
         self.provider = provider
@@ -198,7 +198,7 @@ class ChatApp(App):
         yield SystemCommand("Keys", "Every key binding", self.action_help)
 
 
-def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider=None,
+def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider: Provider | None = None,
                history: History | None = None, config: UserConfig | None = None, n_ctx: int = 4096,
                n_gpu_layers: int | None = None, no_history_drafts: bool = False,
                placement: dict | None = None) -> ChatApp:

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from localspec.names import is_path
+
 if TYPE_CHECKING:
     from localspec.catalog import ModelSpec, PairSpec
+    from localspec.engine.contract import ChatEngine
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,15 @@ class Choice:
 
 
 class Provider(Protocol):
+    """Where the chat app's models come from: the catalog and this process (`LocalProvider`), a
+    running server (`tui.remote.RemoteProvider`), or the tests' script."""
+
     def choices(self) -> list[Choice]: ...
     def default_id(self) -> str: ...
     def is_ready(self, entry_id: str) -> bool: ...
     def pull(self, entry_id: str, say: Callable[[str], None]) -> None: ...
     def pull_progress(self, entry_id: str) -> tuple[int, int | None]: ...
-    def load(self, entry_id: str): ...
+    def load(self, entry_id: str) -> ChatEngine: ...
 
 
 class LocalProvider:
@@ -73,7 +79,7 @@ class LocalProvider:
         from localspec.catalog import PairSpec
         from localspec.registry import Registry
 
-        if Path(entry_id).suffix == ".gguf":
+        if is_path(entry_id):
             return Path(entry_id).exists()
         entry = self._catalog().resolve(entry_id)
         models = entry.models if isinstance(entry, PairSpec) else [entry]
