@@ -10,7 +10,6 @@ import difflib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
@@ -210,12 +209,3 @@ def _file(f: dict | str) -> FileSpec:
 
 def _sha(value: str | None) -> str | None:
     return value.lower() if value else None
-
-
-def all_models(entries: Iterable[ModelSpec | PairSpec]) -> list[ModelSpec]:
-    """The distinct models behind a list of catalog entries, in order."""
-    seen: dict[str, ModelSpec] = {}
-    for entry in entries:
-        for model in entry.models if isinstance(entry, PairSpec) else (entry,):
-            seen.setdefault(model.id, model)
-    return list(seen.values())

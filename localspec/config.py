@@ -4,7 +4,7 @@
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
     history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
     rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
-    flash_attention: auto          # auto: llama.cpp's choice; on / off (README, "Flash attention")
+    flash_attention: auto          # auto: llama.cpp's choice; on / off (docs/performance.md, "Flash attention")
     chat:
       temperature: 0.0
       max_tokens: 1024
@@ -126,7 +126,7 @@ def load_user_config() -> UserConfig:
     except (OSError, yaml.YAMLError) as exc:
         raise LocalspecError(f"Cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
-        raise LocalspecError(f"{path} must be a mapping of settings (see the README).")
+        raise LocalspecError(f"{path} must be a mapping of settings (see the README, 'Chat').")
     chat = ChatSettings.from_dict(data.get("chat"))
     try:
         chat.validated()

@@ -16,7 +16,7 @@ after four earlier edit turns of the chat (contexts of 650-1,000 tokens) and the
 
 localspec leaves flash attention to llama.cpp (on, on this CPU) unless settings.yaml's
 `flash_attention` says otherwise; this measures what that costs where a verify batch meets a long
-context, and what it saves on the prompt (README, "Flash attention").
+context, and what it saves on the prompt (docs/performance.md, "Flash attention").
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.loader import load
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import Prefill, Round, Summary, answer_tokens
-from localspec.engine.session import Conversation
 from localspec.errors import ContextOverflowError, IncompatiblePairError
 
 pytestmark = pytest.mark.model
@@ -105,19 +104,19 @@ def test_sampling_runs_with_a_real_draft(target, weak_draft):
 def test_follow_up_turn_evaluates_only_the_new_tokens(target, weak_draft):
     engine = Engine(target, weak_draft, EngineOptions(drafter="auto"))
     engine.reset()
-    chat = Conversation(engine, system="You are terse.")
-    first = list(chat.send("Name three colors.", max_tokens=24))
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colors."}]
+    first = list(engine.chat(messages, max_tokens=24))
     assert isinstance(first[0], Prefill) and first[0].cached == 0
-    prompt2 = engine.chat_tokens(chat.all_messages() + [{"role": "user", "content": "And two more?"}])
+    messages += [{"role": "assistant", "content": first[-1].text}, {"role": "user", "content": "And two more?"}]
+    prompt2 = engine.chat_tokens(messages)
     new_tokens = len(engine.chat_tokens([{"role": "user", "content": "And two more?"}]))
-    second = list(chat.send("And two more?", max_tokens=8))
+    second = list(engine.chat(messages, max_tokens=8))
     prefill = second[0]
     assert prefill.prompt_tokens == len(prompt2)
     # Only the tail changed: the new user turn (its template wrapping included) and the end of the
     # previous answer, never the conversation before it.
     assert prefill.evaluated <= new_tokens + 8
     assert prefill.cached >= first[0].prompt_tokens
-    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
 
 
 def test_cache_reuse_moves_a_cached_run_in_llama_cpp_and_the_answer_is_the_fresh_one(smollm2_path, target):

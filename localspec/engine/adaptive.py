@@ -124,31 +124,19 @@ class Acceptance:
         return self.tried[0] if self.tried else 0.0
 
 
-# Copies by age: the lower edge of each age class (tokens already agreeing with the source), and the
-# prior chance that the next copied token is kept at that age, apart for copies of the prompt (the
-# text an edit rewrites) and of the answer itself (mostly coincidental repeats). Measured with the
-# default pair over edit, code and story answers, every n-gram proposal looked 32 tokens ahead: a copy
-# of the prompt that has run 2 tokens was kept 41-72% of the time, 3 tokens 50-84%, 5 or more 90-100%
-# on edits; a copy of the answer 26-40%, 44-73% and 55-100%. Age 0 is a copy resumed right after a
-# token the target replaced (kept 0-25%). Ages from 10 on share one class: an edit met at age 40 says
-# as much about the copy as one met at 12, and with classes of their own one such rejection priced
-# the rest of a long copy out. The prior of a prompt copy 10 tokens or older is 0.96 (within the
-# 90-100% measured): where a 16-position verify costs ~9x one (a 2-core CPU, 32 tok/s) a young
-# request's margin (margin_for) with 0.93 kept even 48-token-old copies of an edit's input from ever
-# being drafted; scripts/replay_planner.py on the edit suite: 1.20x -> 1.28x, code/chat/creative
-# unchanged.
+# Copies by age (how many tokens before it already agree with its source): the lower edge of each age
+# class, and the prior chance that the next copied token is kept, apart for copies of the prompt (the
+# text an edit rewrites) and of the answer itself (mostly coincidental repeats). Age 0 is a copy resumed
+# right after a token the target replaced; ages from 10 on share one class (one break far into a copy
+# must not price the rest of it out). Measured with the default pair: docs/tuning.md, "Copy priors";
+# scripts/replay_planner.py replays a change on recorded answers.
 AGE_CLASSES = (0, 1, 2, 3, 4, 5, 7, 10)
 PROMPT_COPY_PRIORS = (0.2, 0.3, 0.65, 0.75, 0.85, 0.9, 0.9, 0.96)
 ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
-# How many copied tokens of the request each class's prior weighs. Copies 5 or more tokens old: 16.
-# They were measured over many requests, and an edit's copies break where the edit is, so one break
-# says little about the next copy; with a weight of 2 one early break priced every later copy of that
-# age out, and a copy not drafted never shows otherwise. Younger copies: 2. Whether a fresh match
-# holds depends on the request (an edit's input: 70-84% at ages 2-3; a chat's or a story's: 40-54%),
-# so their record must move their price within a few drafts. scripts/replay_planner.py (AVX-512
-# costs), together with pricing young copies by their record instead of capping them at twice their
-# age: edit suite 1.18x -> 1.31x, held-out edits (scripts/heldout_edit.yaml) 1.30x -> 1.39x; code,
-# chat and creative unchanged.
+# How many copied tokens each class's prior weighs: 16 for copies 5 or more tokens old (measured over
+# many requests, and an edit's copies break where the edit is, so one break says little about the next
+# copy), 2 for younger ones (whether a fresh match holds depends on the request, so their record must
+# move their price within a few drafts). docs/tuning.md, "Prior weights".
 COPY_PRIOR_STRENGTHS = tuple(16.0 if age >= 5 else 2.0 for age in AGE_CLASSES)
 
 

@@ -106,11 +106,8 @@ Event = Union[Prefill, Round, Summary]
 
 
 def kept_counts(stats: dict[str, Any]) -> list[int]:
-    """Draft tokens kept at each position, from a stored summary; summaries stored before the counts
-    were kept give them back from the rates (exact: rate x tries was computed from whole counts)."""
-    if stats.get("kept_by_position"):
-        return list(stats["kept_by_position"])
-    return [round(r * n) for r, n in zip(stats.get("acceptance_by_position") or [], stats.get("drafted_by_position") or [])]
+    """Draft tokens kept at each position, from a stored summary (`Summary.to_dict`)."""
+    return list(stats.get("kept_by_position") or [])
 
 
 def answer_tokens(events: Iterable[Event]) -> list[int]:

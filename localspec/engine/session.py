@@ -4,17 +4,12 @@
   formatter (no hand-written templates; llama.cpp's built-in chatml when a GGUF has none).
 - `TextStream`: incremental UTF-8 decoding across token boundaries, and stop strings that may span
   tokens: text that could still become a stop string is held back until it cannot.
-- `Conversation`: system prompt plus turns; each turn reuses the KV cache of the previous ones.
 """
 
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence, cast
-
-from localspec.engine.contract import ChatEngine
-from localspec.engine.events import Event, Summary
+from typing import Any, Iterable, Sequence, cast
 
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
 
@@ -118,29 +113,3 @@ class TextStream:
 def with_system(system: str | None, turns: Sequence[Message]) -> list[Message]:
     """The messages a chat template gets: the system prompt (if any) first, then the turns."""
     return ([{"role": "system", "content": system}] if system else []) + list(turns)
-
-
-@dataclass
-class Conversation:
-    """A system prompt and the turns so far; `send` streams the next answer's events."""
-
-    engine: ChatEngine
-    system: str | None = None
-    messages: list[Message] = field(default_factory=list)
-
-    def all_messages(self) -> list[Message]:
-        return with_system(self.system, self.messages)
-
-    def send(self, text: str, **options) -> Iterator[Event]:
-        self.messages.append({"role": "user", "content": text})
-        summary: Summary | None = None
-        try:
-            for event in self.engine.chat(self.all_messages(), **options):
-                if isinstance(event, Summary):
-                    summary = event
-                yield event
-        finally:
-            if summary is not None:
-                self.messages.append({"role": "assistant", "content": summary.text})
-            else:
-                self.messages.pop()  # the turn failed or was abandoned: leave history as it was

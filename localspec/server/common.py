@@ -27,6 +27,20 @@ class ApiError(Exception):
         self.kind = kind
 
 
+def api_error(exc: Exception) -> ApiError:
+    """The API error a failure is answered with: the request's fault (400; a prompt over the context
+    with llama.cpp's own kind), a worker or the engine gone (503), or the engine failing (500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, str(exc), "exceed_context_size_error")
+    if isinstance(exc, EngineUnavailableError):
+        return ApiError(503, str(exc), "unavailable_error")
+    if isinstance(exc, LocalspecError):
+        return ApiError(400, str(exc))
+    return ApiError(500, str(exc), "server_error")
+
+
 class Loose(BaseModel):
     """Requests carry many fields we do not use (llama.cpp's `samplers`, `cache_prompt`, …): accept them."""
 
@@ -152,14 +166,8 @@ class Served:
             if job.cancel.is_set():
                 raise ApiError(400, "The client went away before its request started.") from None
             raise ApiError(503, "The server is shutting down.", "unavailable_error") from None
-        except ContextOverflowError as exc:
-            raise ApiError(400, str(exc), "exceed_context_size_error") from None
-        except EngineUnavailableError as exc:
-            raise ApiError(503, str(exc), "unavailable_error") from None
-        except LocalspecError as exc:
-            raise ApiError(400, str(exc)) from None
-        except RuntimeError as exc:
-            raise ApiError(500, str(exc), "server_error") from None
+        except (LocalspecError, RuntimeError) as exc:
+            raise api_error(exc) from None
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -191,12 +199,8 @@ async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Su
         if summary is None:
             raise ApiError(500, "The generation ended without a result.", "server_error")
         return summary
-    except EngineUnavailableError as exc:
-        raise ApiError(503, str(exc), "unavailable_error") from None
-    except LocalspecError as exc:
-        raise ApiError(400, str(exc)) from None
-    except RuntimeError as exc:
-        raise ApiError(500, str(exc), "server_error") from None
+    except (LocalspecError, RuntimeError) as exc:
+        raise api_error(exc) from None
     finally:
         watcher.cancel()
 
@@ -237,14 +241,8 @@ def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
                         yield chunk
             for chunk in fmt.closing:
                 yield chunk
-        except ApiError as exc:
-            yield fmt.error(exc)
-        except EngineUnavailableError as exc:
-            yield fmt.error(ApiError(503, str(exc), "unavailable_error"))
-        except LocalspecError as exc:
-            yield fmt.error(ApiError(400, str(exc)))
-        except RuntimeError as exc:  # the engine failed mid-answer; the scheduler keeps serving
-            yield fmt.error(ApiError(500, str(exc), "server_error"))
+        except (ApiError, LocalspecError, RuntimeError) as exc:  # the engine failed mid-answer: it keeps serving
+            yield fmt.error(api_error(exc))
         finally:
             await events.aclose()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
 from localspec.engine.events import Prefill, Summary
@@ -75,22 +75,8 @@ def router(served: Served) -> APIRouter:
         served.check_model(body.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
                     for m in body.messages]
-        tokens = served.chat_tokens(messages)
         limit = body.max_completion_tokens or body.max_tokens or body.n_predict
-        job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat")
-        prefill, events = await served.start(job, request)
-        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if body.stream:
-            usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(served, events, prefill, ident, created, "chat.completion.chunk", usage, chat=True)
-        summary = await collect(request, job, events)
-        return JSONResponse({
-            "id": ident, "object": "chat.completion", "created": created, "model": served.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": summary.text},
-                         "logprobs": None, "finish_reason": finish_reason(summary)}],
-            "usage": _usage(prefill, summary),
-            "localspec": speculation(summary),
-        })
+        return await _answer(served, request, body, served.chat_tokens(messages), limit, chat=True)
 
     @api.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -105,22 +91,31 @@ def router(served: Served) -> APIRouter:
             tokens = fim_tokens(served, prompt, body.suffix, [], n_predict=body.max_tokens or 16)
         else:
             tokens = served.text_tokens(prompt, special=False)
-        job = served.job(tokens, max(1, body.max_tokens or 16), body, DEFAULT_TEMPERATURE, "completions")
-        prefill, events = await served.start(job, request)
-        ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if body.stream:
-            usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(served, events, prefill, ident, created, "text_completion", usage, chat=False)
-        summary = await collect(request, job, events)
-        text = (prompt if body.echo else "") + summary.text
-        return JSONResponse({
-            "id": ident, "object": "text_completion", "created": created, "model": served.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(summary)}],
-            "usage": _usage(prefill, summary),
-            "localspec": speculation(summary),
-        })
+        return await _answer(served, request, body, tokens, max(1, body.max_tokens or 16), chat=False,
+                             echo=prompt if body.echo else "")
 
     return api
+
+
+async def _answer(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
+                  limit: int | None, *, chat: bool, echo: str = "") -> Response:
+    """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text."""
+    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions")
+    prefill, events = await served.start(job, request)
+    ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat)
+    summary = await collect(request, job, events)
+    choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": summary.text}} if chat
+                              else {"index": 0, "text": echo + summary.text})
+    return JSONResponse({
+        "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
+        "model": served.name, "choices": [choice | {"logprobs": None, "finish_reason": finish_reason(summary)}],
+        "usage": _usage(prefill, summary),
+        "localspec": speculation(summary),
+    })
 
 
 def _usage(prefill: Prefill, summary: Summary) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from localspec import paths
-from localspec.engine.contract import ChatEngine, available_drafters, describe_drafters
+from localspec.engine.contract import ChatEngine, describe_drafters
 from localspec.engine.events import Event, Prefill, Round, Summary, Tally
 from localspec.errors import LocalspecError
 from localspec.tui.provider import Choice
@@ -28,7 +28,7 @@ def _event(data: dict):
         return Prefill(**data)
     if kind == "round":
         data["accepted"], data["rejected"] = tuple(data["accepted"]), tuple(data["rejected"])
-        data["pieces"] = tuple(data.get("pieces", ()))
+        data["pieces"] = tuple(data["pieces"])
         return Round(**data)
     if kind == "summary":
         for key in ("acceptance_by_position", "drafted_by_position", "kept_by_position"):
@@ -53,9 +53,7 @@ class RemoteEngine:
 
     @property
     def drafters(self) -> tuple[str, ...]:
-        if "drafters" in self.info:
-            return tuple(self.info["drafters"])
-        return available_drafters(["ngram", *(["model"] if self.info.get("has_draft") else [])])  # a server from before "drafters"
+        return tuple(self.info["drafters"])
 
     @property
     def baseline_tokens_per_s(self) -> float:

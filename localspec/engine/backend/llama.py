@@ -47,8 +47,8 @@ class ModelOptions:
 
     def load_mode(self) -> int:
         # mmap by default: reading the weights into memory saves the mapped originals' resident pages
-        # (llama.cpp keeps them beside its CPU-repacked copy) but decodes slower on CPUs (README,
-        # "Performance": memory); mmap=False opts in.
+        # (llama.cpp keeps them beside its CPU-repacked copy) but decodes slower on CPUs
+        # (docs/performance.md, "Memory"); mmap=False opts in.
         if self.mmap is None:
             return L.LLAMA_LOAD_MODE_AUTO
         return L.LLAMA_LOAD_MODE_MMAP if self.mmap else L.LLAMA_LOAD_MODE_NONE
@@ -58,7 +58,7 @@ class ModelOptions:
         # Left on by default on CPUs: with it, batched logits equal one-token logits bit for bit for small
         # batches (scripts/batch_noise.py --flash-attn), so verified greedy answers part from plain ones
         # less often, and prompts are 3-7% faster; off makes verify batches after long contexts ~25%
-        # cheaper (scripts/attention_costs.py). README, "Flash attention", weighs the two.
+        # cheaper (scripts/attention_costs.py). docs/performance.md, "Flash attention", weighs the two.
         if self.flash_attn is None:
             return L.LLAMA_FLASH_ATTN_TYPE_AUTO
         return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED

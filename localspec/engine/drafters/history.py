@@ -28,7 +28,7 @@ from localspec.engine.drafters.suffix_index import (SuffixIndex, context_digest,
                                                     model_key, save_index)
 
 REPLAYS = 32          # greedy answers kept for replay: at most 32 x the context window x 4 bytes
-REPLAY_CHANCE = 0.995  # a replayed token is kept: the sessions bench kept 738 of 738 (two runs)
+REPLAY_CHANCE = 0.995  # a replayed token is kept (docs/tuning.md, "Replays")
 
 
 class HistoryDrafter(Drafter):

@@ -68,7 +68,7 @@ class NgramDrafter:
 
         The lookup runs every round right after a decode has streamed the weights through the caches:
         there a dozen numpy calls over the whole context cost ~0.1 ms a round (0.4% of a 25 ms token
-        on a 2-core CPU), the lookup on these dictionaries a third of that (README, "Performance")."""
+        on a 2-core CPU), the lookup on these dictionaries a third of that (docs/performance.md)."""
         upto = len(context) - 1
         if context is not self._source or upto < self._indexed:
             self._forget_index()
