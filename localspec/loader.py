@@ -23,24 +23,24 @@ def load(id_or_path: str, *, rpc: list[str] | None = None, **options: Any) -> En
     """Load a catalog pair or model id, or a GGUF path, as `load_here` does; but with `rpc` workers
     the engine runs in a child process (localspec.hosted: a worker dying mid-answer must not end this
     one)."""
-    opener = _opener(id_or_path, rpc=rpc, **options)
+    target_path, opener = _opener(id_or_path, rpc=rpc, **options)
     if rpc:
         from localspec.hosted import HostedEngine
 
-        return HostedEngine(opener, opener.args[0], rpc)
+        return HostedEngine(opener, target_path, rpc)
     return opener()
 
 
 def load_here(id_or_path: str, **options: Any) -> Engine:
     """Load a catalog pair or model id, or a GGUF path, in this process (the bench reads its costs),
     even with RPC workers. Options are `_opener`'s."""
-    return _opener(id_or_path, **options)()
+    return _opener(id_or_path, **options)[1]()
 
 
 def _opener(id_or_path: str, *, draft: str | None = None, self_draft: str | Path | None = None,
             rpc: list[str] | None = None, tensor_split: tuple[float, ...] = (),
-            **options: Any) -> functools.partial[Engine]:
-    """How to open the engine (a picklable call): `draft=` another path or id; with the drafter 'self'
+            **options: Any) -> tuple[Path, functools.partial[Engine]]:
+    """The target's file, and how to open the engine (a picklable call): `draft=` another path or id; with the drafter 'self'
     and no `self_draft`, the one `localspec draft make` built for this target. `rpc`: workers (checked
     HOST:PORT, localspec.rpc.parse_workers) that hold the target's layers, split by `tensor_split`
     (default: by their free memory). `options` are `engine.api.load_files`'s: drafter, draft_len,
@@ -52,7 +52,8 @@ def _opener(id_or_path: str, *, draft: str | None = None, self_draft: str | Path
         self_draft = find_self_draft(str(target_path))
         if self_draft is None:
             raise no_self_draft(id_or_path)
-    return functools.partial(open_files, target_path, draft_path, self_draft, tuple(rpc or ()), tensor_split, options)
+    return target_path, functools.partial(open_files, target_path, draft_path, self_draft, tuple(rpc or ()),
+                                          tensor_split, options)
 
 
 def open_files(target_path: Path, draft_path: Path | None, self_draft: str | Path | None, rpc: tuple[str, ...],
