@@ -9,7 +9,8 @@ logits of calls that evaluate 4 or more positions a little, as llama.cpp's batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,9 +47,44 @@ class ToyVocab:
             return "é".encode()[1:]   # ...and its other half
         return f"w{token} ".encode()
 
+    def grammar(self, text: str) -> "ToyGrammar":
+        """A DFA over token ids as JSON: {"start": 0, "edges": {"0": {"5": 1, ...}, ...}, "final": [1]};
+        the end of the text (eos) is allowed in final states only."""
+        spec = json.loads(text)
+        edges = {int(s): {int(t): int(d) for t, d in out.items()} for s, out in spec["edges"].items()}
+        return ToyGrammar(edges, set(spec["final"]), int(spec["start"]), self.eos)
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [4 + (ord(c) % (self.n_tokens - 4)) for c in text]
         return ([self.bos] if add_special else []) + ids
+
+
+@dataclass
+class ToyGrammar:
+    """A DFA state: what `engine.constraint.Constraint` asks of a grammar. Accepting a forbidden token
+    fails loudly, as llama.cpp's grammar aborts the process."""
+    edges: dict[int, dict[int, int]]
+    final: set[int]
+    state: int
+    eos: int
+    forks: list[int] = field(default_factory=lambda: [0])  # shared: forks made, for tests to count
+    closed: bool = False
+
+    def allows(self, tokens) -> np.ndarray:
+        out = self.edges.get(self.state, {})
+        return np.array([int(t) in out or (int(t) == self.eos and self.state in self.final) for t in tokens])
+
+    def accept(self, token: int) -> None:
+        assert not self.closed and self.allows([token])[0], f"token {token} is not allowed in state {self.state}"
+        if token != self.eos:
+            self.state = self.edges[self.state][token]
+
+    def fork(self) -> "ToyGrammar":
+        self.forks[0] += 1
+        return ToyGrammar(self.edges, self.final, self.state, self.eos, self.forks)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 @dataclass(frozen=True)

@@ -155,9 +155,11 @@ class Engine:
                 f"The prompt is {len(tokens)} tokens but the context window holds {self.n_ctx}. "
                 "Shorten the prompt or the conversation, or load the model with a larger context (--ctx)."
             )
-        return self._generate(tokens, max_tokens, sampling, mode, fixed, stop, cancel or threading.Event())
+        # A grammar that does not parse is refused here, before the request takes the engine.
+        constraint = self.target.vocab.grammar(sampling.grammar) if sampling.grammar is not None else None
+        return self._generate(tokens, max_tokens, sampling, mode, fixed, stop, cancel or threading.Event(), constraint)
 
-    def _generate(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
+    def _generate(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint) -> Iterator[Event]:
         if not self._lock.acquire(blocking=False):
             if not self._maintaining:
                 raise LocalspecError("This engine is already generating; one generation at a time.")
@@ -168,9 +170,11 @@ class Engine:
             finally:
                 self._make_way.clear()
         try:
-            yield from self._run(prompt, max_tokens, sampling, mode, fixed, stop, cancel)
+            yield from self._run(prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint)
         finally:
             self._lock.release()
+            if constraint is not None:
+                constraint.close()
 
     def planner_for(self, mode: str, fixed: int | None, budget: int | None = None, replayable: bool = False) -> Planner:
         """One planner for the engine's lifetime: what the drafters learned and its probing back-off
@@ -181,16 +185,18 @@ class Engine:
         self._planner.configure(mode, fixed, budget, replayable)
         return self._planner
 
-    def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
+    def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint) -> Iterator[Event]:
         planner = self.planner_for(mode, fixed, max_tokens, sampling.replayable)
         planner.start(prompt)
         context = list(prompt)
         try:
-            yield from self._rounds(prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel)
+            yield from self._rounds(prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel,
+                                    constraint)
         finally:
             planner.finish(prompt, context[len(prompt):])  # also when cancelled: what was written is evidence
 
-    def _rounds(self, prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel) -> Iterator[Event]:
+    def _rounds(self, prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel,
+                constraint) -> Iterator[Event]:
         t0 = time.perf_counter()
         prefill = self._prefill(prompt, planner, t0)
         yield prefill
@@ -200,7 +206,7 @@ class Engine:
         first_token_s = 0.0
         stop_reason = "cancelled"
         t_start = t_round = time.perf_counter()
-        for step in speculate(self.kv, context, planner, sampler, cancel):
+        for step in speculate(self.kv, context, planner, sampler, cancel, constraint):
             now = time.perf_counter()
             seconds, t_round = now - t_round, now
             kept, ended = self._within_budget(step, max_tokens - tally.generated)

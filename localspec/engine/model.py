@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+from localspec.engine.constraint import Constraint
+
 
 class Tokenizer(Protocol):
     """Text <-> token ids, as a chat template and the server's prompt building use it."""
@@ -64,6 +66,9 @@ class Vocabulary(InfillTokenizer, Protocol):
     def is_eog(self, token: int) -> bool: ...
     def is_control(self, token: int) -> bool: ...
     def token_bytes(self, token: int) -> bytes: ...
+    def grammar(self, text: str) -> Constraint:
+        """A GBNF grammar's start state over this vocabulary; LocalspecError if it does not parse."""
+        ...
 
 
 class LoadSettings(Protocol):

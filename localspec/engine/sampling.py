@@ -13,6 +13,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from localspec.engine.constraint import Constraint, best_allowed, masked, top_k_allowed
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -27,6 +29,8 @@ class SamplingSettings:
     # are not offered); None: the default chain. Temperature 0 is greedy either way: the token with the
     # highest logit among those the chain keeps.
     samplers: tuple[str, ...] | None = None
+    # A GBNF grammar every token must follow (JSON schemas arrive converted by the server); None: free text.
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -36,7 +40,8 @@ class SamplingSettings:
     def replayable(self) -> bool:
         """Greedy on the raw logits (no penalty, no infill filter): the answer is a function of the
         context alone, so an earlier answer to the same context may be replayed (`accept_replayed`)."""
-        return self.greedy and self.repeat_penalty == 1.0 and "infill" not in (self.samplers or ())
+        return (self.greedy and self.repeat_penalty == 1.0 and "infill" not in (self.samplers or ())
+                and self.grammar is None)
 
     def with_(self, **changes) -> "SamplingSettings":
         return replace(self, **changes)
@@ -182,15 +187,23 @@ class Sampler:
     def adjusted(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         return penalize(logits, self.recent(history), self.settings.repeat_penalty)
 
-    def argmax(self, logits: np.ndarray, history: Sequence[int]) -> int:
+    def argmax(self, logits: np.ndarray, history: Sequence[int], constraint: Constraint | None = None) -> int:
         adjusted = self.adjusted(logits, history)
-        if self.settings.samplers is not None and "infill" in self.settings.samplers:
+        chain = self.settings.samplers is not None and "infill" in self.settings.samplers
+        if constraint is not None:
+            if not chain:
+                return best_allowed(adjusted, constraint)
+            adjusted = masked(adjusted, constraint)
+        if chain:
             ids, values = _chain(adjusted, self.settings, self.infill)
             return int(ids[int(np.argmax(values))])
         return int(np.argmax(adjusted))
 
-    def probs(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        return filtered_probs(self.adjusted(logits, history), self.settings, self.infill)
+    def probs(self, logits: np.ndarray, history: Sequence[int], constraint: Constraint | None = None) -> np.ndarray:
+        adjusted = self.adjusted(logits, history)
+        if constraint is not None:  # a request's own chain may cut before top-k: every allowed token then
+            adjusted = top_k_allowed(adjusted, constraint, self.settings.top_k if self.settings.samplers is None else 0)
+        return filtered_probs(adjusted, self.settings, self.infill)
 
     def draw(self, probs: np.ndarray) -> int:
         return int(self.rng.choice(len(probs), p=probs / probs.sum()))
@@ -245,12 +258,16 @@ def accept_sampled(
     q: np.ndarray | None,
     uniform,
     draw,
+    q_next: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Exact speculative sampling (Leviathan et al.; Chen et al.).
 
     p: target probabilities, len(draft)+1 rows. q: draft probabilities, len(draft) rows, or None for a
     drafter without a distribution (q is one-hot on its token). Accept token x with min(1, p(x)/q(x));
     on rejection sample from normalize(max(0, p - q)); after a full accept, sample a bonus from p.
+    `q_next`: the draft's distribution at the position after the last token, when the draft went on
+    with a token the grammar forbids (cut before verifying): that token is rejected for certain, so the
+    last row samples from normalize(max(0, p - q_next)) instead of p.
     """
     for i, token in enumerate(draft):
         q_x = 1.0 if q is None else float(q[i][token])
@@ -265,4 +282,9 @@ def accept_sampled(
         if residual.sum() <= 0.0:
             residual = p[i]
         return i, draw(residual)
-    return len(draft), draw(p[len(draft)])
+    last = p[len(draft)]
+    if q_next is not None:
+        residual = np.maximum(last - q_next, 0.0)
+        if residual.sum() > 0.0:
+            return len(draft), draw(residual)
+    return len(draft), draw(last)

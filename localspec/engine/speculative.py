@@ -9,6 +9,7 @@ one KV truncation; the target's own token becomes the next pending token.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from localspec.engine.adaptive import CostModel
+from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan
 from localspec.engine.kv import KvSequence
@@ -45,35 +47,75 @@ class Step:
 
 
 def speculate(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
-              cancel: threading.Event) -> Iterator[Step]:
-    """Yield one Step per round until cancelled or the context is full; `context` grows in place."""
+              cancel: threading.Event, constraint: Constraint | None = None) -> Iterator[Step]:
+    """Yield one Step per round until cancelled or the context is full; `context` grows in place.
+    With a `constraint` every token follows its grammar (engine/constraint.py), and it advances by the
+    tokens each round keeps."""
     while not cancel.is_set():
         room = target.room() - 1  # positions left for draft tokens after the pending one
         if room < 0:
             return
         draft = planner.draft(context, room, sampler)
-        batch = [context[-1], *draft.tokens]
-        t0 = time.perf_counter()
-        logits = target.extend(batch, range(len(batch)))
-        verify_s = time.perf_counter() - t0
+        rows: list[Constraint | None] = [None] * (len(draft.tokens) + 1)
+        q_next = None
+        if constraint is not None:
+            draft, rows, q_next = within_grammar(draft, constraint)
+        try:
+            step = _verify(target, context, draft, sampler, rows, q_next)
+        finally:
+            for row in rows[1:]:
+                if row is not None:
+                    row.close()
+        if constraint is not None:
+            for token in [*draft.tokens[:step.accepted], step.token]:
+                constraint.accept(token)
+        planner.observe(draft, step.accepted, step.verify_s, len(draft.tokens) + 1, step.token)
+        yield step
 
-        tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
-        if sampler.greedy:
-            choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i]))
-            if draft.replay and sampler.settings.replayable:
-                accepted, token = accept_replayed(draft.tokens, choices,
-                                                  lambda i, t: float(logits[i].max() - logits[i][t]))
-            else:
-                accepted, token = accept_greedy(draft.tokens, choices)
+
+def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Constraint | None], np.ndarray | None]:
+    """The draft cut before its first token the grammar forbids (free: it could only be rejected), the
+    grammar's state before each verify row (the first is `constraint` itself), and the draft's
+    distribution at the cut, if it has one (`accept_sampled`'s q_next)."""
+    rows: list[Constraint | None] = [constraint]
+    for i, token in enumerate(draft.tokens):
+        state = rows[-1]
+        assert state is not None
+        if not state.allows([token])[0]:
+            q_next = draft.q[i] if draft.q is not None else None
+            cut = dataclasses.replace(draft, tokens=draft.tokens[:i], q=draft.q[:i] if draft.q is not None else None)
+            return cut, rows, q_next
+        nxt = state.fork()
+        nxt.accept(token)
+        rows.append(nxt)
+    return draft, rows, None
+
+
+def _verify(target: KvSequence, context: list[int], draft: Draft, sampler: Sampler, rows: list[Constraint | None],
+            q_next: np.ndarray | None) -> Step:
+    """One verify batch: the pending token and the draft; the longest acceptable draft prefix and the
+    target's next token. `context` and the KV cache keep what was accepted."""
+    batch = [context[-1], *draft.tokens]
+    t0 = time.perf_counter()
+    logits = target.extend(batch, range(len(batch)))
+    verify_s = time.perf_counter() - t0
+
+    tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
+    if sampler.greedy:
+        choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i], rows[i]))
+        if draft.replay and sampler.settings.replayable:
+            accepted, token = accept_replayed(draft.tokens, choices,
+                                              lambda i, t: float(logits[i].max() - logits[i][t]))
         else:
-            p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i]) for i in range(len(batch))])
-            accepted, token = accept_sampled(draft.tokens, p, draft.q, sampler.uniform, sampler.draw)
+            accepted, token = accept_greedy(draft.tokens, choices)
+    else:
+        p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i], rows[i]) for i in range(len(batch))])
+        accepted, token = accept_sampled(draft.tokens, p, draft.q, sampler.uniform, sampler.draw, q_next)
 
-        target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
-        context.extend(draft.tokens[:accepted])
-        context.append(token)
-        planner.observe(draft, accepted, verify_s, len(batch), token)
-        yield Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
+    target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
+    context.extend(draft.tokens[:accepted])
+    context.append(token)
+    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
 
 
 class _LazyChoices:

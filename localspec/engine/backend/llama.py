@@ -12,6 +12,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from localspec.engine.backend.grammar import Grammar
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
@@ -149,6 +150,10 @@ class Vocab:
             piece = buf.raw[:n]
             self._pieces[token] = piece
         return piece
+
+    def grammar(self, text: str) -> Grammar:
+        """A GBNF grammar's start state over this vocabulary (engine/constraint.py)."""
+        return Grammar.compile(self._vocab, text)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
