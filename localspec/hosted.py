@@ -208,8 +208,8 @@ class HostedEngine:
     def chat_template(self) -> str:
         return self._template.text
 
-    def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self._template.tokens(self.target.vocab, messages)
+    def chat_tokens(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        return self._template.tokens(self.target.vocab, messages, tools)
 
     def slot_tokens(self) -> list[int]:
         return list(self._slot_tokens)

@@ -72,8 +72,9 @@ class ScriptedEngine:
     def slot_tokens(self) -> list[int]:
         return [0]
 
-    def chat_tokens(self, messages):
-        return self.vocab.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages))
+    def chat_tokens(self, messages, tools=None):
+        listed = "".join(f"<tool>{t['function']['name']}" for t in tools or ())
+        return self.vocab.tokenize(listed + "".join(f"<{m['role']}>{m['content']}" for m in messages))
 
     def generate(self, prompt, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
                  cancel=None):

@@ -116,8 +116,8 @@ class Engine:
     def slot_tokens(self) -> list[int]:
         return [len(slot.tokens) for slot in self.slots]
 
-    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
-        return self.template.tokens(self.target.vocab, messages)
+    def chat_tokens(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
+        return self.template.tokens(self.target.vocab, messages, tools)
 
     # ------------------------------------------------------------------ generation
 

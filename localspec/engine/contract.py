@@ -99,7 +99,10 @@ class ServedEngine(ChatEngine, Protocol):
         """The Jinja chat template in use: the GGUF's, or the fallback when it has none."""
         ...
 
-    def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+    def chat_tokens(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the chat template; `tools` (OpenAI's function shape) listed where the
+        template lists tools."""
+        ...
 
     def slot_tokens(self) -> list[int]:
         """Tokens held in each KV slot, by slot id."""

@@ -35,17 +35,18 @@ class ChatTemplate:
         eos = vocab.text(vocab.eos) if vocab.eos >= 0 else ""
         return cls(model.chat_template(), bos_text=bos, eos_text=eos)
 
-    def tokens(self, vocab, messages: Sequence[Message]) -> list[int]:
+    def tokens(self, vocab, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """The conversation rendered and tokenized, special tokens parsed, BOS once."""
-        tokens = vocab.tokenize(self.render(messages), add_special=True, parse_special=True)
+        tokens = vocab.tokenize(self.render(messages, tools), add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == vocab.bos:
             tokens = tokens[1:]  # the template wrote BOS itself
         return tokens
 
-    def render(self, messages: Sequence[Message]) -> str:
+    def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> str:
+        """`tools`: OpenAI's function tools, for the template to list (None: the template's own default)."""
         try:
             # llama-cpp-python types messages as TypedDicts; ours are plain dicts of the same keys.
-            return self._formatter(messages=cast(Any, list(messages))).prompt
+            return self._formatter(messages=cast(Any, list(messages)), tools=cast(Any, list(tools) if tools else None)).prompt
         except Exception as exc:  # a template's raise_exception or a Jinja error
             from localspec.errors import LocalspecError
 

@@ -57,6 +57,8 @@ class SamplingFields(Loose):
     stop: list[str] | str | None = None
     drafter: str | None = None           # localspec: auto | model | self | ngram | none
     draft_len: int | None = Field(None, ge=0, le=32)
+    grammar: str | None = None           # llama.cpp's: GBNF every token must follow
+    json_schema: dict | None = None      # llama.cpp's: a JSON schema the answer must follow
 
 
 _SAMPLER_NAMES = {"top_k": "top_k", "top-k": "top_k", "k": "top_k", "top_p": "top_p", "top-p": "top_p", "p": "top_p",
@@ -116,14 +118,15 @@ class Served:
         the end of a turn. (Prefix and suffix of an infill are never parsed: see `fim_tokens`.)"""
         return self.vocab.tokenize(text, add_special=True, parse_special=special)
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """A conversation through the model's chat template; a template that rejects it is a 400."""
         try:
-            return self.engine.chat_tokens(messages)
+            return self.engine.chat_tokens(messages, tools)
         except LocalspecError as exc:
             raise ApiError(400, str(exc)) from None
 
-    def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None) -> SamplingSettings:
+    def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None,
+                 grammar: str | None = None) -> SamplingSettings:
         d = SamplingSettings()
         return SamplingSettings(
             temperature=f.temperature if f.temperature is not None else
@@ -134,10 +137,13 @@ class Served:
             repeat_penalty=d.repeat_penalty if f.repeat_penalty is None else f.repeat_penalty,
             seed=f.seed if f.seed is not None else seed,
             samplers=sampler_chain(getattr(f, "samplers", None)),
+            grammar=grammar,
         )
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
-            endpoint: str, seed: int | None = None) -> Job:
+            endpoint: str, seed: int | None = None, grammar: str | None = None) -> Job:
+        """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
+        (server/structured.py)."""
         if not tokens:
             raise ApiError(400, "The prompt is empty.")
         room = self.n_ctx - len(tokens)
@@ -151,7 +157,7 @@ class Served:
         if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
             raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
-                   sampling=self.sampling(f, default_temperature, seed), stop=tuple(s for s in stops if s),
+                   sampling=self.sampling(f, default_temperature, seed, grammar), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)
 
     async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:

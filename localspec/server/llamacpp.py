@@ -14,6 +14,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, speculation, stream)
+from localspec.server.structured import llama_cpp_grammar
 
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's
 
@@ -105,14 +106,15 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     n_predict = body.n_predict
     warm_up = n_predict == 0
     count = body.n_cmpl or body.n or 1
+    grammar = llama_cpp_grammar(body.grammar, body.json_schema)
     if body.stream:
         if count > 1:
             raise ApiError(400, "n_cmpl > 1 is not supported with stream; ask for one completion per request.")
-        return await _stream(served, request, body, tokens, endpoint)
+        return await _stream(served, request, body, tokens, endpoint, grammar)
     results = []
     for i in range(count):
         job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                         seed=None if body.seed is None else body.seed + i)
+                         seed=None if body.seed is None else body.seed + i, grammar=grammar)
         prefill, events = await served.start(job, request)
         limits = Limits(body.n_indent, body.t_max_predict_ms)
 
@@ -130,8 +132,9 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
 
 
 async def _stream(served: Served, request: Request, body: CompletionRequest, tokens: list[int],
-                  endpoint: str) -> StreamingResponse:
-    job = served.job(tokens, 1 if body.n_predict == 0 else body.n_predict, body, DEFAULT_TEMPERATURE, endpoint)
+                  endpoint: str, grammar: str | None) -> StreamingResponse:
+    job = served.job(tokens, 1 if body.n_predict == 0 else body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
+                     grammar=grammar)
     prefill, events = await served.start(job, request)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
 

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.server.common import Loose, SamplingFields, Served, StreamFormat, compact, stream
+from localspec.server.structured import llama_cpp_grammar
 
 
 class Message(Loose):
@@ -45,7 +46,8 @@ def router(served: Served) -> APIRouter:
             tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
         else:
             tokens = served.text_tokens(body.prompt or "", special=False)
-        job = served.job(tokens, body.max_tokens, body, 0.0, "native")
+        job = served.job(tokens, body.max_tokens, body, 0.0, "native",
+                         grammar=llama_cpp_grammar(body.grammar, body.json_schema))
         first, events = await served.start(job, request)
 
         def line(event: Prefill | Round | Summary) -> bytes:

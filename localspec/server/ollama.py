@@ -14,6 +14,8 @@ from localspec.engine.events import Prefill, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation)
 from localspec.server.common import stream as stream_events  # `stream` is also a request field here
+from localspec.server.structured import (Call, Tool, check_template, json_grammar, parse_calls, schema_grammar,
+                                         template_messages, tools_of)
 
 DEFAULT_TEMPERATURE = 0.8  # Ollama's
 
@@ -32,11 +34,16 @@ class GenerateRequest(Loose):
     stream: bool = True
     options: Options = Options()
     keep_alive: str | int | None = None
+    format: str | dict | None = None     # "json" or a JSON schema the answer must follow
 
 
 class ChatMessage(Loose):
     role: str
     content: str = ""
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls (arguments as objects, Ollama's way)
+
+    def for_template(self) -> dict:
+        return {"role": self.role, "content": self.content, **({"tool_calls": self.tool_calls} if self.tool_calls else {})}
 
 
 class ChatRequest(Loose):
@@ -44,6 +51,8 @@ class ChatRequest(Loose):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = True
     options: Options = Options()
+    format: str | dict | None = None
+    tools: list[dict] | None = None
 
 
 class ShowRequest(Loose):
@@ -105,27 +114,47 @@ def router(served: Served) -> APIRouter:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
                 [{"role": "user", "content": body.prompt}]
             tokens = served.chat_tokens(messages)
-        return await _respond(served, request, body.model, body.options, tokens, body.stream, "generate", chat=False)
+        return await _respond(served, request, body.model, body.options, tokens, body.stream, "generate", chat=False,
+                              grammar=_format(body.format))
 
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
-        return await _respond(served, request, body.model, body.options, tokens, body.stream, "api_chat", chat=True)
+        tools = tools_of(body.tools)
+        if tools:
+            check_template(served.engine.chat_template)
+        messages = template_messages([m.for_template() for m in body.messages])
+        tokens = served.chat_tokens(messages, [t.as_template_value() for t in tools] or None)
+        return await _respond(served, request, body.model, body.options, tokens, body.stream, "api_chat", chat=True,
+                              grammar=_format(body.format), tools=tools)
 
     return api
 
 
+def _format(fmt: str | dict | None) -> str | None:
+    """Ollama's `format`: "json" (any JSON) or a JSON schema; "" or absent: free text."""
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return json_grammar()
+    if isinstance(fmt, dict):
+        return schema_grammar(fmt, "format")
+    raise ApiError(400, f'format must be "json" or a JSON schema (got {fmt!r}).')
+
+
 async def _respond(served: Served, request: Request, model: str, options: Options, tokens: list[int], stream: bool,
-                   endpoint: str, chat: bool):
+                   endpoint: str, chat: bool, grammar: str | None = None, tools: list[Tool] | None = None):
+    """With tools, the answer's calls are parsed out of it, and a stream sends them in its last line."""
     limit = options.num_predict if options.num_predict is not None and options.num_predict >= 0 else None
-    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint)
+    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar)
     prefill, events = await served.start(job, request)
 
-    def line(text: str | None, summary: Summary | None = None) -> bytes:
+    def line(text: str | None, summary: Summary | None = None, calls: list[Call] | None = None) -> bytes:
         out: dict = {"model": model, "created_at": _now()}
         if chat:
             out["message"] = {"role": "assistant", "content": text or ""}
+            if calls:
+                out["message"]["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         else:
             out["response"] = text or ""
         out["done"] = summary is not None
@@ -133,9 +162,12 @@ async def _respond(served: Served, request: Request, model: str, options: Option
             out.update(_final(prefill, summary))
         return compact(out) + b"\n"
 
-    if not stream:
+    if not stream or tools:
         summary = await collect(request, job, events)
-        return Response(line(summary.text, summary), media_type="application/json")
+        content, calls = parse_calls(summary.text, tools or [])
+        if not stream:
+            return Response(line(content, summary, calls), media_type="application/json")
+        return Response(line(content) + line("", summary, calls), media_type="application/x-ndjson")
     return stream_events(events, StreamFormat(
         media_type="application/x-ndjson",
         round=lambda event: line(event.text) if event.text else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -13,6 +14,8 @@ from pydantic import Field
 from localspec.engine.events import Prefill, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation, stream)
+from localspec.server.structured import (Call, Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
+                                         parse_calls, schema_grammar, template_messages, tools_of)
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
 
@@ -24,9 +27,40 @@ class StreamOptions(Loose):
 class ChatMessage(Loose):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict] | None = None
+    tool_calls: list[dict] | None = None   # an assistant's earlier calls
+    tool_call_id: str | None = None        # a tool's result: which call it answers
+    name: str | None = None
+
+    def for_template(self) -> dict:
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": _text(self.content)}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
-class ChatRequest(SamplingFields):
+class OutputFields(SamplingFields):
+    """OpenAI fields that would change the output and are refused rather than ignored."""
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        asked = {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs is not None,
+                 "logit_bias": bool(self.logit_bias), "presence_penalty": bool(self.presence_penalty),
+                 "frequency_penalty": bool(self.frequency_penalty), "best_of": (self.best_of or 1) > 1}
+        for field, used in asked.items():
+            if used:
+                raise ApiError(400, f"{field} is not supported by localspec; send the request without it.")
+
+
+class ChatRequest(OutputFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -35,9 +69,15 @@ class ChatRequest(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
+    response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(OutputFields):
     model: str | None = None
     prompt: str | list[str]
     suffix: str | None = None
@@ -73,14 +113,20 @@ def router(served: Served) -> APIRouter:
     @api.post("/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
-                    for m in body.messages]
+        body.refuse_unsupported()
+        if body.functions or body.function_call:
+            raise ApiError(400, "functions and function_call are OpenAI's deprecated form; send tools and tool_choice.")
+        tools, grammar = _structure(served, body)
+        messages = template_messages([m.for_template() for m in body.messages])
+        listed = [t.as_template_value() for t in tools] or None
         limit = body.max_completion_tokens or body.max_tokens or body.n_predict
-        return await _answer(served, request, body, served.chat_tokens(messages), limit, chat=True)
+        return await _answer(served, request, body, served.chat_tokens(messages, listed), limit, chat=True,
+                             grammar=grammar, tools=tools)
 
     @api.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         served.check_model(body.model)
+        body.refuse_unsupported()
         if isinstance(body.prompt, list):
             if len(body.prompt) != 1:
                 raise ApiError(400, "Send one prompt per request (a list of several is not supported).")
@@ -92,30 +138,102 @@ def router(served: Served) -> APIRouter:
         else:
             tokens = served.text_tokens(prompt, special=False)
         return await _answer(served, request, body, tokens, max(1, body.max_tokens or 16), chat=False,
-                             echo=prompt if body.echo else "")
+                             echo=prompt if body.echo else "", grammar=llama_cpp_grammar(body.grammar, body.json_schema))
 
     return api
 
 
+def _structure(served: Served, body: ChatRequest) -> tuple[list[Tool], str | None]:
+    """The tools the template lists (none for tool_choice "none") and the grammar the request's
+    structured-output fields ask for."""
+    tools = tools_of(body.tools)
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not (choice in ("auto", "none", "required") or isinstance(named, str)):
+        raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
+                            '"function": {"name": …}}.')
+    if choice == "none":
+        tools = []
+    elif tools:
+        check_template(served.engine.chat_template)
+    elif choice != "auto":
+        raise ApiError(400, "tool_choice asks for a call, but the request has no tools.")
+    forced = call_grammar(tools, named) if choice == "required" or named else None
+    asked = [g for g in (forced, _response_format(body.response_format), llama_cpp_grammar(body.grammar, body.json_schema))
+             if g is not None]
+    if len(asked) > 1:
+        raise ApiError(400, "Ask for one structure: a forced tool call, response_format, or grammar/json_schema.")
+    return tools, asked[0] if asked else None
+
+
+def _response_format(fmt: dict | None) -> str | None:
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_grammar()
+    if kind == "json_schema":
+        spec = (fmt or {}).get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ApiError(400, 'response_format.json_schema must be {"name": …, "schema": {…}}.')
+        return schema_grammar(spec["schema"], "response_format.json_schema.schema")
+    raise ApiError(400, f"response_format.type must be text, json_object or json_schema (got '{kind}').")
+
+
 async def _answer(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
-                  limit: int | None, *, chat: bool, echo: str = "") -> Response:
-    """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text."""
-    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions")
+                  limit: int | None, *, chat: bool, echo: str = "", grammar: str | None = None,
+                  tools: list[Tool] | None = None) -> Response:
+    """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text.
+    With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
+    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions", grammar=grammar)
     prefill, events = await served.start(job, request)
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-    if body.stream:
-        usage = bool(body.stream_options and body.stream_options.include_usage)
+    usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    if body.stream and not tools:
         kind = "chat.completion.chunk" if chat else "text_completion"
         return _sse(served, events, prefill, ident, created, kind, usage, chat=chat)
     summary = await collect(request, job, events)
-    choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": summary.text}} if chat
-                              else {"index": 0, "text": echo + summary.text})
+    content, calls = parse_calls(summary.text, tools or [])
+    finish = "tool_calls" if calls else finish_reason(summary)
+    if body.stream:
+        return _sse_calls(served, prefill, summary, ident, created, usage, content, calls, finish)
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+    choice: dict[str, Any] = {"index": 0, "message": message} if chat else {"index": 0, "text": echo + summary.text}
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-        "model": served.name, "choices": [choice | {"logprobs": None, "finish_reason": finish_reason(summary)}],
+        "model": served.name, "choices": [choice | {"logprobs": None, "finish_reason": finish}],
         "usage": _usage(prefill, summary),
         "localspec": speculation(summary),
     })
+
+
+def _sse_calls(served: Served, prefill: Prefill, summary: Summary, ident: str, created: int, usage: bool,
+               content: str, calls: list[Call], finish: str) -> StreamingResponse:
+    """A finished answer with tool calls as the SDK streams them: the text, then each call's id and name,
+    then its arguments in pieces."""
+    def chunk(delta: dict | None, finish_reason: str | None = None, **extra) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                             "finish_reason": finish_reason}]
+        return b"data: " + compact({"id": ident, "object": "chat.completion.chunk", "created": created,
+                                    "model": served.name, "choices": choices, **extra}) + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if content:
+        out.append(chunk({"content": content}))
+    for i, call in enumerate(calls):
+        out.append(chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                          "function": {"name": call.name, "arguments": ""}}]}))
+        arguments = json.dumps(call.arguments)
+        for start in range(0, len(arguments), 16):
+            out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[start:start + 16]}}]}))
+    out.append(chunk({}, finish, localspec=speculation(summary)))
+    if usage:
+        out.append(chunk(None, usage=_usage(prefill, summary)))
+    out.append(b"data: [DONE]\n\n")
+    return StreamingResponse(iter(out), media_type="text/event-stream")
 
 
 def _usage(prefill: Prefill, summary: Summary) -> dict:

@@ -1,0 +1,224 @@
+"""Structured output and tool calls through every dialect, against `localspec serve` on a real model
+(Qwen2.5-Coder-0.5B-Instruct, whose GGUF template lists tools and answers with <tool_call>) with the
+real clients: the openai SDK (`parse()`, tools, streamed calls) and the ollama Python client."""
+
+import json
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from localspec.engine.events import answer_tokens
+from localspec.engine.sampling import SamplingSettings
+from localspec.loader import load
+from localspec.server.run import served_for, start_in_thread
+from localspec.server.structured import json_grammar, schema_grammar
+
+pytestmark = pytest.mark.model
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen_coder_path):
+    engine = load(str(qwen_coder_path), n_ctx=2048, calibrate=False, history="memory")
+    running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct"))
+    yield running
+    running.stop()
+    running.served.scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm2_path):
+    engine = load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory")
+    running = start_in_thread(served_for(engine, str(smollm2_path)))
+    yield running
+    running.stop()
+    running.served.scheduler.close()
+
+
+def _openai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+class Order(BaseModel):
+    item: str
+    quantity: int
+    express: bool
+
+
+class Book(BaseModel):
+    title: str
+    author: str
+    year: int
+
+
+SCHEMA_PROMPTS = [
+    (Person, "Alice is 31 and lives in Paris."), (Person, "Bob, aged 45, from Lyon."),
+    (Person, "Carla (27) moved to Berlin last year."), (Person, "Dev is a 52-year-old living in Pune."),
+    (Order, "Please send 3 blue mugs by express delivery."), (Order, "I'd like one keyboard, no rush."),
+    (Order, "Twelve pencils, standard shipping."), (Book, "Dune by Frank Herbert, published 1965."),
+    (Book, "'Beloved' (1987), Toni Morrison."), (Book, "Orwell wrote Nineteen Eighty-Four in 1949."),
+]
+
+
+def test_openai_parse_returns_a_valid_object_for_every_schema_prompt(qwen_server):
+    client = _openai(qwen_server)
+    parsed = []
+    for model, text in SCHEMA_PROMPTS:
+        reply = client.beta.chat.completions.parse(
+            model="localspec", messages=[{"role": "user", "content": f"Extract the fields as JSON: {text}"}],
+            response_format=model, max_tokens=96, temperature=0)
+        assert reply.choices[0].finish_reason == "stop", reply
+        parsed.append(reply.choices[0].message.parsed)
+    assert all(isinstance(p, m) for p, (m, _) in zip(parsed, SCHEMA_PROMPTS))
+    assert parsed[0].age == 31 and parsed[0].city == "Paris"  # the model reads the text, the grammar shapes it
+
+
+def test_openai_json_object_and_llama_cpp_grammar_fields_on_chat(qwen_server):
+    client = _openai(qwen_server)
+    reply = client.chat.completions.create(model="localspec", max_tokens=48, temperature=0,
+                                           messages=[{"role": "user", "content": "A JSON object with key a set to 1"}],
+                                           response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    answer = client.chat.completions.create(model="localspec", max_tokens=8, temperature=0,
+                                            messages=[{"role": "user", "content": "Is the sky green?"}],
+                                            extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert answer.choices[0].message.content in ("yes", "no")
+
+
+def test_openai_tool_calls_round_trip_streamed_and_not(qwen_server):
+    client = _openai(qwen_server)
+    ask = [{"role": "user", "content": "What is the weather in Lyon?"}]
+    reply = client.chat.completions.create(model="localspec", messages=ask, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=64, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(model="localspec", messages=ask, tools=[WEATHER],
+                                                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                max_tokens=64, temperature=0, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            entry = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
+            entry["id"] = delta.id or entry["id"]
+            entry["name"] = delta.function.name or entry["name"]
+            entry["arguments"] += delta.function.arguments or ""
+        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+    assert finish == "tool_calls" and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)  # arguments came in pieces
+
+    back = client.chat.completions.create(model="localspec", tools=[WEATHER], max_tokens=32, temperature=0, messages=[
+        *ask, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}])
+    assert back.choices[0].message.content or back.choices[0].message.tool_calls  # the result was rendered and answered
+
+
+def test_openai_tool_choice_auto_parses_a_call_the_model_makes(qwen_server):
+    reply = _openai(qwen_server).chat.completions.create(
+        model="localspec", messages=[{"role": "user", "content": "What is the weather in Lyon?"}], tools=[WEATHER],
+        max_tokens=64, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Lyon"}
+
+
+def test_ollama_client_format_and_tools(qwen_server):
+    from ollama import Client
+
+    client = Client(host=qwen_server.url)
+    options = {"temperature": 0, "num_predict": 64}
+    reply = client.chat(model="localspec", messages=[{"role": "user", "content": "Extract: Bob is 40 and lives in Oslo."}],
+                        format=Person.model_json_schema(), options=options)
+    assert isinstance(Person.model_validate_json(reply.message.content), Person)
+    reply = client.chat(model="localspec", messages=[{"role": "user", "content": "A JSON object with key a set to 1"}],
+                        format="json", options=options)
+    assert isinstance(json.loads(reply.message.content), dict)
+
+    def get_weather(city: str) -> str:
+        """The current weather in a city.
+
+        Args:
+          city: the city's name
+        """
+        return "sunny"
+
+    ask = [{"role": "user", "content": "What is the weather in Lyon?"}]
+    reply = client.chat(model="localspec", messages=ask, tools=[get_weather], options=options)
+    (call,) = reply.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == {"city": "Lyon"}
+    parts = list(client.chat(model="localspec", messages=ask, tools=[get_weather], options=options, stream=True))
+    assert parts[-1].done and [c.function.name for p in parts for c in p.message.tool_calls or []] == ["get_weather"]
+    answer = client.chat(model="localspec", options=options, tools=[get_weather], messages=[
+        *ask, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
+                                                                                 "arguments": {"city": "Lyon"}}}]},
+        {"role": "tool", "content": "18 degrees and sunny"}])
+    assert answer.done
+
+
+def test_llama_cpp_completion_with_json_schema_and_grammar(qwen_server):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    out = httpx.post(qwen_server.url + "/completion", timeout=120, json={
+        "prompt": "2 + 2 as JSON:", "json_schema": schema, "n_predict": 24, "temperature": 0}).json()
+    assert isinstance(json.loads(out["content"])["answer"], int)
+    out = httpx.post(qwen_server.url + "/completion", timeout=120, json={
+        "prompt": "Yes or no?", "grammar": 'root ::= "yes" | "no"', "n_predict": 8}).json()
+    assert out["content"] in ("yes", "no")
+
+
+@pytest.mark.parametrize("path,body,needle", [
+    ("/completion", {"prompt": "x", "grammar": "root ::= ("}, "not valid GBNF"),
+    ("/completion", {"prompt": "x", "json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "not both"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format.type"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "no tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]},
+     "deprecated"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+                              "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+    ("/api/chat", {"model": "localspec", "messages": [{"role": "user", "content": "x"}], "format": "yaml"},
+     "format must be"),
+])
+def test_structured_fields_that_cannot_be_honoured_get_a_400_naming_them(qwen_server, path, body, needle):
+    response = httpx.post(qwen_server.url + path, json=body, timeout=60)
+    assert response.status_code == 400 and needle in response.text, response.text
+
+
+def test_tools_for_a_model_whose_template_has_no_call_format_are_refused(smol_server):
+    response = httpx.post(smol_server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
+    assert response.status_code == 400 and "tool-call format" in response.text
+
+
+def test_greedy_output_under_a_grammar_is_the_same_with_and_without_drafting(smollm2_path):
+    """The real grammar sampler in the speculative loop: drafting (copies, history) changes the speed,
+    never the constrained greedy answer."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
+        "type": "string"}}}, "required": ["name", "tags"]}
+    prompt = "Describe the fox as JSON with a name and tags. The quick brown fox, the quick brown fox:"
+    answers, drafted = {}, 0
+    with load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory") as engine:
+        for grammar in (json_grammar(), schema_grammar(schema, "schema")):
+            for drafter in ("none", "ngram", "auto", "none"):
+                events = list(engine.generate(prompt, max_tokens=48, drafter=drafter,
+                                              sampling=SamplingSettings(grammar=grammar)))
+                answers.setdefault(grammar, []).append(answer_tokens(events))
+                drafted += events[-1].accepted
+    assert drafted > 0  # drafts were verified under the grammar, and some kept
+    for runs in answers.values():
+        assert all(run == runs[0] for run in runs) and len(runs[0]) > 5
