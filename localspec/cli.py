@@ -310,8 +310,10 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--drafter", default="auto", show_default=True,
               help=f"Drafters to compare with plain decoding: {', '.join(DRAFTER_SETTINGS[:-1])}, or 'all'; comma-separated.")
 @click.option("--suite", "suites", default="code,edit,chat,creative", show_default=True,
-              help="Prompt suites (8 prompts each: code, edit, chat, creative), and 'sessions' (related requests "
-                   "in order: follow-up edits, regenerations, quotes, repeated tool output), comma-separated.")
+              help="Prompt suites (8 prompts each: code, edit, chat, creative; structured: JSON schemas, tool calls "
+                   "and JSON rewrites under their grammar, against `Llama` with the same grammar), and 'sessions' "
+                   "(related requests in order: follow-up edits, regenerations, quotes, repeated tool output), "
+                   "comma-separated.")
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option("--repeat", type=int, default=1, show_default=True, help="Runs of each variant per prompt.")
 @click.option("--temperature", "temperatures", default="0,0.7", show_default=True,

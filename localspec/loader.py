@@ -1,6 +1,6 @@
 """`load()`: a catalog pair or model id, or GGUF paths, to a running engine.
 
-The engine itself only knows files (`engine.api.load_files`); which files an id means, and where a
+The engine itself only knows files (`engine.files.load_files`); which files an id means, and where a
 self-draft of a target was kept, is known here, a layer above it.
 """
 
@@ -10,7 +10,8 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localspec.engine.api import Engine, load_files
+from localspec.engine.api import Engine
+from localspec.engine.files import load_files
 from localspec.errors import LocalspecError
 from localspec.names import resolve
 
@@ -43,7 +44,7 @@ def _opener(id_or_path: str, *, draft: str | None = None, self_draft: str | Path
     """The target's file, and how to open the engine (a picklable call): `draft=` another path or id; with the drafter 'self'
     and no `self_draft`, the one `localspec draft make` built for this target. `rpc`: workers (checked
     HOST:PORT, localspec.rpc.parse_workers) that hold the target's layers, split by `tensor_split`
-    (default: by their free memory). `options` are `engine.api.load_files`'s: drafter, draft_len,
+    (default: by their free memory). `options` are `engine.files.load_files`'s: drafter, draft_len,
     n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, calibrate, slots, history, flash_attn."""
     target_path, draft_path = resolve(id_or_path, draft)
     if options.get("drafter") == "self" and self_draft is None:

@@ -122,6 +122,33 @@ def test_a_short_real_bench_run(test_home_with_smollm2, tmp_path):
     assert plot.read_text().startswith("<svg")
 
 
+@pytest.mark.model
+def test_the_structured_suite_runs_every_side_under_the_same_grammar(test_home_with_smollm2, tmp_path):
+    """localspec (plain and drafting) and `Llama` (its own grammar sampling) on the same GBNF: every
+    answer, cut at the token budget or not, is a prefix the grammar accepts (checked on llama.cpp's
+    grammar, token by token)."""
+    from localspec.engine.backend import VocabFile
+
+    out = tmp_path / "runs.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "bench", "smollm2-135m", "--suite", "structured", "--prompts", "8",
+         "--max-tokens", "12", "--drafter", "auto", "--temperature", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+        env={"LOCALSPEC_HOME": str(test_home_with_smollm2), "PATH": ""})
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["variant"] for r in runs} == {"plain", "auto", "llama-cpp-python"}  # no unconstrained peers
+    prompts = {p.id: p for p in b.load_suites(["structured"])}
+    with VocabFile(test_home_with_smollm2 / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf") as file:
+        for r in runs:
+            grammar = file.vocab.grammar(prompts[r["prompt"]].grammar)
+            for token in r["tokens"]:
+                assert grammar.allows([token])[0], (r["variant"], r["prompt"], r["tokens"])
+                grammar.accept(token)
+            grammar.close()
+    assert "| structured | 0 | auto |" in proc.stdout
+
+
 def test_session_suites_ship_every_kind():
     sessions = b.load_sessions()
     assert {s.kind for s in sessions} == set(b.SESSION_KINDS)

@@ -22,7 +22,8 @@ LAYERS: dict[str, int] = {
     "localspec.engine": 1,
     "localspec.config": 2, "localspec.catalog": 2, "localspec.registry": 2, "localspec.pull": 2,
     "localspec.history": 2, "localspec.selfdraft": 2, "localspec.bench": 2, "localspec.benchplot": 2,
-    "localspec.loader": 2, "localspec.names": 2, "localspec.doctor": 2, "localspec.inventory": 2, "localspec.rpc": 2, "localspec.hosted": 2,
+    "localspec.loader": 2, "localspec.names": 2, "localspec.structured": 2, "localspec.doctor": 2,
+    "localspec.inventory": 2, "localspec.rpc": 2, "localspec.hosted": 2,
     "localspec.tui": 3, "localspec.server": 3,
     "localspec.cli": 4, "localspec.cli_options": 4,
 }
@@ -96,7 +97,8 @@ def test_pure_engine_modules_import_without_llama_cpp():
         "import sys; sys.modules['llama_cpp'] = None\n"  # any `import llama_cpp` now raises ImportError
         "import localspec.engine.events, localspec.engine.contract, localspec.engine.sampling\n"
         "import localspec.engine.kv, localspec.engine.adaptive, localspec.engine.drafters\n"
-        "import localspec.engine.speculative, localspec.engine.pairing, localspec.engine.api\n"
+        "import localspec.engine.speculative, localspec.engine.pairing, localspec.engine.api, localspec.engine.files\n"
+        "import localspec.engine.constraint, localspec.engine.model\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.loader import load
 from localspec.server.run import served_for, start_in_thread
-from localspec.server.structured import json_grammar, schema_grammar
+from localspec.structured import json_grammar, schema_grammar
 
 pytestmark = pytest.mark.model
 

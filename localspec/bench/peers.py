@@ -82,6 +82,10 @@ class LlamaPeer:
         t0 = time.perf_counter()
         kwargs: dict[str, Any] = {"top_k": 1, "temp": 0.0} if temperature == 0 else \
             {"temp": temperature, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+        if prompt.grammar is not None:  # llama-cpp-python's own grammar sampling, on the same GBNF
+            from llama_cpp.llama_grammar import LlamaGrammar
+
+            kwargs["grammar"] = LlamaGrammar.from_string(prompt.grammar, verbose=False)
         if temperature > 0:
             llm.set_seed(seed_of(prompt, repeat))
         first_token_s = 0.0

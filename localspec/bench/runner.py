@@ -21,10 +21,11 @@ def run_engine(engine, prompt: Prompt, drafter: str, temperature: float, repeat:
 
     if cold:
         engine.reset()
-    sampling = SamplingSettings(temperature=temperature, seed=seed_of(prompt, repeat))
+    sampling = SamplingSettings(temperature=temperature, seed=seed_of(prompt, repeat), grammar=prompt.grammar)
     messages = messages or [{"role": "user", "content": prompt.text}]
-    events = list(engine.chat(messages, max_tokens=max_tokens, sampling=sampling,
-                              drafter="none" if drafter == "plain" else drafter))
+    tokens = engine.chat_tokens(messages, list(prompt.tools) if prompt.tools else None)
+    events = list(engine.generate(tokens, max_tokens=max_tokens, sampling=sampling,
+                                  drafter="none" if drafter == "plain" else drafter))
     s = events[-1]
     assert isinstance(s, Summary)
     tried, kept = list(s.drafted_by_position), list(s.kept_by_position)
@@ -47,7 +48,8 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
     could not run, why."""
     runs: list[Run] = []
     notes: dict[str, str] = {}
-    chosen = {p.id for p in prompts if p.index < peer_prompts} if peers else set()
+    # The other peers (prompt lookup, llama.cpp's example) take no grammar here: structured prompts skip them.
+    chosen = {p.id for p in prompts if p.index < peer_prompts and p.grammar is None} if peers else set()
     sides = ["plain", *drafters] + (["llama"] if peers else [])
     total = len(prompts) * len(temperatures) * repeat * len(sides) + repeat * len(chosen)
     done = 0
@@ -67,7 +69,8 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
     _history_recording(engine, False)  # a variant must not draft from another's answer to the same prompt
     try:
         for n, prompt in enumerate(prompts):
-            tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
+            tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}],
+                                        list(prompt.tools) if prompt.tools else None)
             order = sides if n % 2 == 0 else sides[::-1]
             for t, temperature in enumerate(temperatures):
                 for r in range(repeat):

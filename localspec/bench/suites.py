@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable
 
@@ -10,7 +10,7 @@ import yaml
 
 from localspec.errors import LocalspecError
 
-SUITES = ("code", "edit", "chat", "creative")
+SUITES = ("code", "edit", "chat", "creative", "structured")
 SESSIONS = "sessions"   # the session suites: related requests in order (bench_prompts/sessions.yaml)
 SESSION_KINDS = ("follow-up", "regenerate", "quote", "tool-output")
 FIRST_REQUEST = "session-start"  # the runs of each session's first request (no history to draft from yet)
@@ -21,6 +21,8 @@ class Prompt:
     suite: str
     index: int
     text: str
+    grammar: str | None = field(default=None, compare=False)  # the structured suite: GBNF the answer follows
+    tools: tuple[dict, ...] | None = field(default=None, compare=False, hash=False)  # listed by the chat template
 
     @property
     def id(self) -> str:
@@ -66,6 +68,24 @@ def load_suites(names: Iterable[str]) -> list[Prompt]:
 
 
 def parse_prompts(text: str, suite: str | None = None) -> list[Prompt]:
-    """The prompts of one suite file (`prompts:`), named after `suite` or the file's own `name:`."""
+    """The prompts of one suite file (`prompts:`), named after `suite` or the file's own `name:`. A
+    structured prompt is a mapping: its `kind` says what the answer must be (extract: an object of its
+    `schema`; tool: a call of one of its `tools`; rewrite: any JSON)."""
     data = yaml.safe_load(text)
-    return [Prompt(suite or data["name"], i, p) for i, p in enumerate(data["prompts"])]
+    name = suite or data["name"]
+    return [_prompt(name, i, p) for i, p in enumerate(data["prompts"])]
+
+
+def _prompt(suite: str, index: int, item: Any) -> Prompt:
+    if isinstance(item, str):
+        return Prompt(suite, index, item)
+    from localspec.structured import call_grammar, json_grammar, schema_grammar, tools_of
+
+    kind = item["kind"]
+    if kind == "extract":
+        return Prompt(suite, index, item["text"], grammar=schema_grammar(item["schema"], f"{suite}-{index + 1}"))
+    if kind == "tool":
+        return Prompt(suite, index, item["text"], grammar=call_grammar(tools_of(item["tools"])), tools=tuple(item["tools"]))
+    if kind == "rewrite":
+        return Prompt(suite, index, item["text"], grammar=json_grammar())
+    raise LocalspecError(f"{suite}-{index + 1}: unknown kind '{kind}' (extract, tool or rewrite).")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from localspec import paths
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
@@ -377,81 +376,6 @@ class Engine:
         self.close()
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-def load_files(
-    target_path: str | Path,
-    *,
-    draft_path: str | Path | None = None,
-    self_draft_path: str | Path | None = None,
-    drafter: str = "auto",
-    draft_len: int | None = None,
-    n_ctx: int = 4096,
-    n_threads: int | None = None,
-    n_gpu_layers: int | None = None,
-    draft_gpu_layers: int | None = None,
-    calibrate: bool = True,
-    slots: int = 1,
-    history: str = "saved",
-    cache_reuse: int = 0,
-    target_devices: tuple[int, ...] = (),
-    tensor_split: tuple[float, ...] = (),
-    placement: str = "",
-    flash_attn: bool | None = None,
-) -> Engine:
-    """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
-    resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
-    `slots`: KV sequences of the target that requests are routed to (n_ctx is shared out among them).
-    `history`: the "history" drafter's index of earlier requests: "saved" (per target file under the
-    cache folder, kept across runs), "memory" (this engine's life only) or "off". `target_devices`: ggml
-    devices for every layer of the target (RPC workers, see localspec.rpc), split by `tensor_split`;
-    `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
-    llama.cpp decide (settings.yaml's flash_attention)."""
-    from localspec.engine.backend import Model, ModelOptions
-
-    if history not in ("saved", "memory", "off"):
-        raise ValueError(f"history must be saved, memory or off (got {history!r})")
-    if drafter in ("none", "ngram", "self", "history"):
-        draft_path = None  # do not spend memory on a draft that will not be used
-    target_path = Path(target_path)
-    if draft_path is not None:
-        _require_pair(target_path, Path(draft_path), f"{Path(draft_path).name} cannot draft for {target_path.name}")
-    if self_draft_path is not None:
-        _require_pair(target_path, Path(self_draft_path),
-                      f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
-
-    target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                             n_seq=slots, devices=target_devices, tensor_split=tensor_split,
-                                             placement=placement, flash_attn=flash_attn))
-    draft_model = self_model = None
-    try:
-        local = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers, flash_attn=flash_attn)
-        draft_model = Model(Path(draft_path), local) if draft_path is not None else None
-        self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
-        options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
-                                history_drafts=history != "off", cache_reuse=cache_reuse)
-        return Engine(target, draft_model, options, self_draft=self_model,
-                      history_file=paths.history_index_file(target_path) if history == "saved" else None)
-    except BaseException:
-        for model in (target, draft_model, self_model):
-            if model is not None:
-                model.close()
-        raise
-
-
-def _require_pair(target_path: Path, draft_path: Path, complaint: str) -> None:
-    """llama.cpp's pairing rules on the two vocabularies (vocab-only loads), before any weights are read."""
-    from localspec.engine.backend import VocabFile
-    from localspec.engine.pairing import check_pair
-    from localspec.errors import IncompatiblePairError
-
-    with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
-        report = check_pair(tv.vocab, dv.vocab)
-    if not report.ok:
-        raise IncompatiblePairError(f"{complaint}: {report.first_failure}")
-
-
 _served: type[ServedEngine] = Engine  # the contract every front door relies on, checked by mypy
 
-__all__ = ["Engine", "EngineOptions", "load_files", "SamplingSettings"]
+__all__ = ["Engine", "EngineOptions", "SamplingSettings"]

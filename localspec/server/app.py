@@ -12,8 +12,10 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec import __version__
+from localspec.errors import LocalspecError
 from localspec.server import llamacpp, native, ollama, openai
 from localspec.server.common import ApiError, Served, compact
+from localspec.server.common import api_error as common_api_error
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 OPEN_PATHS = {"/health", "/metrics"}
@@ -106,6 +108,11 @@ def create_server_app(served: Served, *, api_key: str | None = None, any_host: b
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         return _error(request, exc.status, exc.message, exc.kind)
+
+    @app.exception_handler(LocalspecError)
+    async def refused(request: Request, exc: LocalspecError):  # the request's fault (structured.py's checks)
+        error = common_api_error(exc)
+        return _error(request, error.status, error.message, error.kind)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):

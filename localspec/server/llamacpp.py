@@ -14,7 +14,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, speculation, stream)
-from localspec.server.structured import llama_cpp_grammar
+from localspec.structured import llama_cpp_grammar
 
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's
 

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.server.common import Loose, SamplingFields, Served, StreamFormat, compact, stream
-from localspec.server.structured import llama_cpp_grammar
+from localspec.structured import llama_cpp_grammar
 
 
 class Message(Loose):

@@ -14,7 +14,7 @@ from localspec.engine.events import Prefill, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation)
 from localspec.server.common import stream as stream_events  # `stream` is also a request field here
-from localspec.server.structured import (Call, Tool, check_template, json_grammar, parse_calls, schema_grammar,
+from localspec.structured import (CALL_OPEN, Call, Tool, check_template, json_grammar, parse_calls, schema_grammar,
                                          template_messages, tools_of)
 
 DEFAULT_TEMPERATURE = 0.8  # Ollama's
@@ -67,10 +67,6 @@ def _now() -> str:
 def router(served: Served) -> APIRouter:
     api = APIRouter(prefix="/api")
 
-    def details() -> dict:
-        return {"format": "gguf", "family": served.family, "families": [served.family] if served.family else None,
-                "parameter_size": "", "quantization_level": served.quantization}
-
     @api.get("/version")
     def version():
         return {"version": f"0.6.0-localspec-{__version__}"}
@@ -79,25 +75,11 @@ def router(served: Served) -> APIRouter:
     def tags():
         modified = datetime.fromtimestamp(served.created or time.time(), timezone.utc).isoformat()
         return {"models": [{"name": f"{served.name}:latest", "model": f"{served.name}:latest", "modified_at": modified,
-                            "size": served.size, "digest": "", "details": details()}]}
+                            "size": served.size, "digest": "", "details": _details(served)}]}
 
     @api.post("/show")
     def show(body: ShowRequest):
-        name = body.model or body.name
-        if not name:
-            raise ApiError(400, "model is required")
-        served.check_model(name)
-        fim = served.vocab.fim_pre >= 0
-        return {
-            "modelfile": "",
-            "parameters": f"num_ctx {served.n_ctx}\ntemperature {DEFAULT_TEMPERATURE}",
-            # Continue decides FIM support by `.Suffix` in the template.
-            "template": "{{ if .Suffix }}<fim>{{ .Prompt }}{{ .Suffix }}{{ else }}{{ .Prompt }}{{ end }}" if fim
-                        else "{{ .Prompt }}",
-            "details": details(),
-            "model_info": {"general.architecture": served.family, "general.context_length": served.n_ctx},
-            "capabilities": ["completion", "insert"] if fim else ["completion"],
-        }
+        return _show(served, body)
 
     @api.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
@@ -129,6 +111,30 @@ def router(served: Served) -> APIRouter:
                               grammar=_format(body.format), tools=tools)
 
     return api
+
+
+def _details(served: Served) -> dict:
+    return {"format": "gguf", "family": served.family, "families": [served.family] if served.family else None,
+            "parameter_size": "", "quantization_level": served.quantization}
+
+
+def _show(served: Served, body: ShowRequest) -> dict:
+    name = body.model or body.name
+    if not name:
+        raise ApiError(400, "model is required")
+    served.check_model(name)
+    fim = served.vocab.fim_pre >= 0
+    tools = CALL_OPEN in served.engine.chat_template
+    return {
+        "modelfile": "",
+        "parameters": f"num_ctx {served.n_ctx}\ntemperature {DEFAULT_TEMPERATURE}",
+        # Continue decides FIM support by `.Suffix` in the template.
+        "template": "{{ if .Suffix }}<fim>{{ .Prompt }}{{ .Suffix }}{{ else }}{{ .Prompt }}{{ end }}" if fim
+                    else "{{ .Prompt }}",
+        "details": _details(served),
+        "model_info": {"general.architecture": served.family, "general.context_length": served.n_ctx},
+        "capabilities": ["completion", *(["insert"] if fim else []), *(["tools"] if tools else [])],
+    }
 
 
 def _format(fmt: str | dict | None) -> str | None:

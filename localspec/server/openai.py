@@ -14,7 +14,7 @@ from pydantic import Field
 from localspec.engine.events import Prefill, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation, stream)
-from localspec.server.structured import (Call, Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
+from localspec.structured import (Call, Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
                                          parse_calls, schema_grammar, template_messages, tools_of)
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's

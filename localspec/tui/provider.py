@@ -47,7 +47,7 @@ class LocalProvider:
                  placement: dict | None = None, flash_attn: bool | None = None):
         self.n_ctx = n_ctx
         self.n_gpu_layers = n_gpu_layers
-        self.history = history  # the "history" drafter: saved, memory or off (engine.api.load_files)
+        self.history = history  # the "history" drafter: saved, memory or off (engine.files.load_files)
         self.flash_attn = flash_attn  # None: llama.cpp decides (settings.yaml's flash_attention)
         self.placement = placement or {}  # RPC workers for the target (loader.load's rpc, tensor_split)
         self._lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""Structured output and tool calls, as every dialect asks for them: the grammar a request's fields
+"""Structured output and tool calls, as every dialect (and the bench) asks for them: the grammar a request's fields
 mean (a JSON schema is converted by llama.cpp's own converter, through llama-cpp-python), the tools a
 chat template is rendered with, and the calls parsed back out of the answer.
 
@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.server.common import ApiError
+from localspec.errors import LocalspecError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALLS = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.S)
@@ -25,7 +25,7 @@ _FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.S)
 def llama_cpp_grammar(grammar: str | None, json_schema: dict | None) -> str | None:
     """llama.cpp's `grammar` (GBNF) or `json_schema` (converted), on any endpoint that takes sampling fields."""
     if grammar is not None and json_schema is not None:
-        raise ApiError(400, "Give grammar or json_schema, not both.")
+        raise LocalspecError("Give grammar or json_schema, not both.")
     return schema_grammar(json_schema, "json_schema") if json_schema is not None else grammar
 
 
@@ -41,13 +41,13 @@ def schema_grammar(schema: Any, field: str, root: str = "") -> str:
     from llama_cpp.llama_grammar import SchemaConverter
 
     if not isinstance(schema, dict):
-        raise ApiError(400, f"{field} must be a JSON schema (an object).")
+        raise LocalspecError(f"{field} must be a JSON schema (an object).")
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
         converter.visit(converter.resolve_refs(schema, "request"), root)
         return converter.format_grammar()
     except Exception as exc:  # the converter raises what it meets: KeyError, ValueError, AssertionError …
-        raise ApiError(400, f"{field}: this JSON schema cannot be turned into a grammar ({type(exc).__name__}: "
+        raise LocalspecError(f"{field}: this JSON schema cannot be turned into a grammar ({type(exc).__name__}: "
                             f"{exc}).") from None
 
 
@@ -70,11 +70,11 @@ def tools_of(raw: list[Any] | None, field: str = "tools") -> list[Tool]:
         fn = item.get("function") if isinstance(item, dict) else None
         if not isinstance(item, dict) or item.get("type", "function") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ApiError(400, f"{field}[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …, "
+            raise LocalspecError(f"{field}[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …, "
                                 "\"parameters\": {…}}}}.")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
-            raise ApiError(400, f"{field}[{i}].function.parameters must be a JSON schema (an object).")
+            raise LocalspecError(f"{field}[{i}].function.parameters must be a JSON schema (an object).")
         tools.append(Tool(fn["name"], str(fn.get("description") or ""), params))
     return tools
 
@@ -82,7 +82,7 @@ def tools_of(raw: list[Any] | None, field: str = "tools") -> list[Tool]:
 def check_template(template: str) -> None:
     """Tools need a template that lists them and a call format localspec parses."""
     if "tools" not in template or CALL_OPEN not in template:
-        raise ApiError(400, "tools: this model's chat template has no tool-call format localspec knows (it parses "
+        raise LocalspecError("tools: this model's chat template has no tool-call format localspec knows (it parses "
                             "Qwen2.5's <tool_call> calls); send the request without tools.")
 
 
@@ -90,7 +90,7 @@ def call_grammar(tools: list[Tool], only: str | None = None) -> str:
     """One call of one of `tools` (or of the tool named `only`), in the template's call format."""
     chosen = [t for t in tools if only is None or t.name == only]
     if not chosen:
-        raise ApiError(400, f"tool_choice names '{only}', which is not among the tools.")
+        raise LocalspecError(f"tool_choice names '{only}', which is not among the tools.")
     calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
               "required": ["name", "arguments"]} for t in chosen]
     schema = calls[0] if len(calls) == 1 else {"oneOf": calls}
@@ -159,5 +159,5 @@ def _call_for_template(call: dict) -> dict:
         try:
             fn["arguments"] = json.loads(args) if args.strip() else {}
         except ValueError:
-            raise ApiError(400, "tool_calls[].function.arguments must be a JSON object (as a string).") from None
+            raise LocalspecError("tool_calls[].function.arguments must be a JSON object (as a string).") from None
     return {**call, "function": fn}
