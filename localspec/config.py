@@ -23,6 +23,9 @@ from localspec.errors import LocalspecError
 _SAMPLING = SamplingSettings()  # the sampling defaults live there, once
 
 
+OUTPUTS = ("text", "json")
+
+
 @dataclass(frozen=True)
 class ChatSettings:
     """The settings of one conversation. Defaults favour code: greedy decoding, adaptive drafts."""
@@ -37,6 +40,7 @@ class ChatSettings:
     seed: int | None = None
     max_tokens: int = 1024
     system: str = ""
+    output: str = "text"               # text, or json: every answer is a JSON value (a grammar constrains it)
 
     def validated(self) -> "ChatSettings":
         problems = []
@@ -56,6 +60,8 @@ class ChatSettings:
             problems.append("repeat penalty must be positive")
         if self.max_tokens < 1:
             problems.append("max tokens must be at least 1")
+        if self.output not in OUTPUTS:
+            problems.append(f"output must be {' or '.join(OUTPUTS)}")
         if problems:
             raise LocalspecError("; ".join(problems).capitalize() + ".")
         return self
@@ -92,8 +98,13 @@ class ChatSettings:
         return replace(base, **changes)
 
     def sampling(self) -> SamplingSettings:
+        grammar = None
+        if self.output == "json":
+            from localspec.structured import json_grammar
+
+            grammar = json_grammar()
         return SamplingSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                                repeat_penalty=self.repeat_penalty, seed=self.seed)
+                                repeat_penalty=self.repeat_penalty, seed=self.seed, grammar=grammar)
 
 
 @dataclass(frozen=True)

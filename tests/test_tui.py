@@ -164,6 +164,28 @@ async def test_settings_change_what_the_engine_is_asked_for():
         assert app.history.get(app.conversation.id).settings["drafter"] == "ngram"
 
 
+async def test_json_output_constrains_the_answer_and_shows_it_as_json():
+    steps = [('{"name', "", '": "add",'), (' "args": ', "", "[1, 2]}")]
+    provider = ScriptedProvider(ScriptedEngine(steps=steps))
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await pilot.press("ctrl+s")
+        screen = app.screen
+        screen.query_one("#output").value = "json"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: app.screen is not screen)
+        assert app.settings.output == "json" and "JSON" in app.stats.drafter_label
+        await send(pilot, "a call as JSON")
+        await until(pilot, lambda: not app.generating)
+        grammar = provider.engine.calls[-1]["sampling"].grammar
+        assert grammar and "root" in grammar  # llama.cpp's JSON grammar, through llama-cpp-python
+        answer = app.log_view.query(AssistantMessage).last()
+        shown = answer.query_one(".answer").source
+        assert shown.startswith("```json\n{\n  \"name\": \"add\"") and app.history.messages(
+            app.conversation.id)[-1].content == '{"name": "add", "args": [1, 2]}'  # stored as answered
+
+
 async def test_invalid_settings_are_explained_and_not_saved():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

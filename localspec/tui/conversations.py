@@ -115,7 +115,7 @@ class Conversations:
         s = self.settings
         length = "adaptive" if s.draft_len is None else f"fixed {s.draft_len}"
         temp = "greedy" if s.temperature == 0 else f"T={s.temperature:g}"
-        return f"{s.drafter}, {length}, {temp}"
+        return f"{s.drafter}, {length}, {temp}" + (", JSON" if s.output == "json" else "")
 
     def export(self, folder: Path) -> Path:
         """The conversation as Markdown in `folder`, under a name no earlier export has (never overwrites).

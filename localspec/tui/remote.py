@@ -71,7 +71,8 @@ class RemoteEngine:
             body["draft_len"] = draft_len
         if sampling is not None:
             body |= {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                     "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty, "seed": sampling.seed}
+                     "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty, "seed": sampling.seed,
+                     "grammar": sampling.grammar}
         return self._events(body, cancel or threading.Event())
 
     def _events(self, body: dict, cancel: threading.Event):

@@ -96,6 +96,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Input("" if s.seed is None else str(s.seed), id="seed", placeholder="random")
                 yield Label("max tokens")
                 yield Input(str(s.max_tokens), id="max_tokens", type="integer")
+                yield Label("output")
+                yield Select([("text", "text"), ("JSON (every answer a JSON value)", "json")], value=s.output,
+                             allow_blank=False, id="output")
             yield Label("system prompt")
             yield TextArea(s.system, id="system", soft_wrap=True, compact=True)
             yield Static("", id="settings-error")
@@ -126,6 +129,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             repeat_penalty=number("repeat_penalty", float),
             seed=None if not text("seed") else number("seed", int),
             max_tokens=number("max_tokens", int),
+            output=str(self.query_one("#output", Select).value),
             system=self.query_one("#system", TextArea).text.strip(),
         )
         return settings.validated()

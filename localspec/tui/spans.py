@@ -5,6 +5,8 @@ Pure functions (no widgets) so the chat view, the details screen and the history
 
 from __future__ import annotations
 
+import json
+
 from textual.content import Content
 
 from localspec.engine.events import Round
@@ -75,3 +77,16 @@ def split_frozen(spans: list[Span], min_chars: int) -> tuple[list[Span], list[Sp
             tail = [(kind, text[cut + 1:])] if text[cut + 1:] else []
             return head, tail + spans[i + 1:]
     return [], spans
+
+
+def as_markdown(text: str) -> str:
+    """An answer as the log shows it: a whole-JSON answer (the "json" output setting) as an indented JSON
+    block, anything else as the Markdown it is."""
+    if not text:
+        return "*(no text)*"
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return "```json\n" + json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n```"
+        except ValueError:
+            pass
+    return text

@@ -145,7 +145,7 @@ class AssistantMessage(Vertical):
 
     def compose(self):
         if self.finished:
-            yield Markdown(self.text or "*(no text)*", classes="answer")
+            yield Markdown(sp.as_markdown(self.text), classes="answer")
             yield SummaryLine(self.stats, self.status, self.error)
         else:
             self._live = Static("", classes="block live")
@@ -178,7 +178,7 @@ class AssistantMessage(Vertical):
         self.finished, self.stats, self.status, self.error = True, stats, status, error
         await self.remove_children()
         self._live = None
-        await self.mount(Markdown(self.text or "*(no text)*", classes="answer"), SummaryLine(stats, status, error))
+        await self.mount(Markdown(sp.as_markdown(self.text), classes="answer"), SummaryLine(stats, status, error))
 
 
 class ChatLog(VerticalScroll):
