@@ -105,14 +105,12 @@ def create_server_app(served: Served, *, api_key: str | None = None, any_host: b
 
     app.add_middleware(Guard, refusal=refusal, max_body=max_body)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
-        return _error(request, exc.status, exc.message, exc.kind)
-
-    @app.exception_handler(LocalspecError)
-    async def refused(request: Request, exc: LocalspecError):  # the request's fault (structured.py's checks)
+    async def api_error(request: Request, exc: Exception):  # a LocalspecError: structured.py's checks, say
         error = common_api_error(exc)
         return _error(request, error.status, error.message, error.kind)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(LocalspecError, api_error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
