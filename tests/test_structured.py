@@ -193,10 +193,27 @@ def test_llama_cpp_completion_with_json_schema_and_grammar(qwen_server):
                               "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
     ("/api/chat", {"model": "localspec", "messages": [{"role": "user", "content": "x"}], "format": "yaml"},
      "format must be"),
+    ("/completion", {"prompt": "x", "n_probs": 5}, "n_probs"),
+    ("/completion", {"prompt": "x", "mirostat": 2}, "mirostat"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"42": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
+     "presence_penalty"),
+    ("/api/generate", {"model": "localspec", "prompt": "x", "options": {"mirostat": 1}}, "mirostat"),
+    ("/api/generate", {"model": "localspec", "prompt": "x", "images": ["aGk="]}, "images"),
+    ("/api/chat", {"model": "localspec", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+     "messages[].images"),
 ])
 def test_structured_fields_that_cannot_be_honoured_get_a_400_naming_them(qwen_server, path, body, needle):
     response = httpx.post(qwen_server.url + path, json=body, timeout=60)
     assert response.status_code == 400 and needle in response.text, response.text
+
+
+def test_neutral_values_of_unimplemented_fields_pass(qwen_server):
+    """A client that sends a field at its neutral value (no penalty, no log-probs) is served as usual."""
+    response = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "presence_penalty": 0,
+        "frequency_penalty": 0.0, "logprobs": False, "logit_bias": {}, "typical_p": 1.0})
+    assert response.status_code == 200, response.text
 
 
 def test_tools_for_a_model_whose_template_has_no_call_format_are_refused(smol_server):

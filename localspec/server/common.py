@@ -61,6 +61,23 @@ class SamplingFields(Loose):
     json_schema: dict | None = None      # llama.cpp's: a JSON schema the answer must follow
 
 
+# Fields the dialects define that would change the output, and when they ask for something localspec does
+# not do (their neutral values pass): refused with a 400 naming them rather than silently ignored.
+_NOT_DONE: dict[str, Callable[[Any], bool]] = {
+    "logprobs": bool, "top_logprobs": lambda v: v is not None, "n_probs": bool, "logit_bias": bool,
+    "presence_penalty": bool, "frequency_penalty": bool, "best_of": lambda v: (v or 1) > 1,
+    "mirostat": bool, "typical_p": lambda v: v not in (None, 1, 1.0), "tfs_z": lambda v: v not in (None, 1, 1.0),
+    "dry_multiplier": bool, "xtc_probability": bool, "ignore_eos": bool,
+}
+
+
+def refuse_unsupported(fields: dict[str, Any]) -> None:
+    """A 400 for the first field in `fields` that asks for what localspec does not do (see _NOT_DONE)."""
+    for name, used in _NOT_DONE.items():
+        if name in fields and used(fields[name]):
+            raise ApiError(400, f"{name} is not supported by localspec; send the request without it.")
+
+
 _SAMPLER_NAMES = {"top_k": "top_k", "top-k": "top_k", "k": "top_k", "top_p": "top_p", "top-p": "top_p", "p": "top_p",
                   "nucleus": "top_p", "min_p": "min_p", "min-p": "min_p", "m": "min_p", "temperature": "temperature",
                   "temp": "temperature", "t": "temperature", "infill": "infill", "i": "infill"}
@@ -144,6 +161,7 @@ class Served:
             endpoint: str, seed: int | None = None, grammar: str | None = None) -> Job:
         """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
         (server/structured.py)."""
+        refuse_unsupported(f.model_extra or {})
         if not tokens:
             raise ApiError(400, "The prompt is empty.")
         room = self.n_ctx - len(tokens)

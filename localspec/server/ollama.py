@@ -84,6 +84,7 @@ def router(served: Served) -> APIRouter:
     @api.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         served.check_model(body.model)
+        _refuse(body, ("images", "template", "context"))
         if body.suffix is not None and not body.raw:
             tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
         elif body.raw:
@@ -102,6 +103,8 @@ def router(served: Served) -> APIRouter:
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
+        for message in body.messages:
+            _refuse(message, ("images",), "messages[].")
         tools = tools_of(body.tools)
         if tools:
             check_template(served.engine.chat_template)
@@ -111,6 +114,14 @@ def router(served: Served) -> APIRouter:
                               grammar=_format(body.format), tools=tools)
 
     return api
+
+
+def _refuse(body: Loose, names: tuple[str, ...], prefix: str = "") -> None:
+    """Ollama fields localspec does not implement (images for vision models, a custom template, the
+    deprecated token `context`): a 400 naming them when they are used, never silently ignored."""
+    for name in names:
+        if (body.model_extra or {}).get(name):
+            raise ApiError(400, f"{prefix}{name} is not supported by localspec; send the request without it.")
 
 
 def _details(served: Served) -> dict:

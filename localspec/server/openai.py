@@ -42,25 +42,7 @@ class ChatMessage(Loose):
         return out
 
 
-class OutputFields(SamplingFields):
-    """OpenAI fields that would change the output and are refused rather than ignored."""
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-    logit_bias: dict | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    best_of: int | None = None
-
-    def refuse_unsupported(self) -> None:
-        asked = {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs is not None,
-                 "logit_bias": bool(self.logit_bias), "presence_penalty": bool(self.presence_penalty),
-                 "frequency_penalty": bool(self.frequency_penalty), "best_of": (self.best_of or 1) > 1}
-        for field, used in asked.items():
-            if used:
-                raise ApiError(400, f"{field} is not supported by localspec; send the request without it.")
-
-
-class ChatRequest(OutputFields):
+class ChatRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -77,7 +59,7 @@ class ChatRequest(OutputFields):
     function_call: str | dict | None = None
 
 
-class CompletionRequest(OutputFields):
+class CompletionRequest(SamplingFields):
     model: str | None = None
     prompt: str | list[str]
     suffix: str | None = None
@@ -113,7 +95,6 @@ def router(served: Served) -> APIRouter:
     @api.post("/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        body.refuse_unsupported()
         if body.functions or body.function_call:
             raise ApiError(400, "functions and function_call are OpenAI's deprecated form; send tools and tool_choice.")
         tools, grammar = _structure(served, body)
@@ -126,7 +107,6 @@ def router(served: Served) -> APIRouter:
     @api.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         served.check_model(body.model)
-        body.refuse_unsupported()
         if isinstance(body.prompt, list):
             if len(body.prompt) != 1:
                 raise ApiError(400, "Send one prompt per request (a list of several is not supported).")
