@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.loader import load
-from localspec.server.run import served_for, start_in_thread
 from localspec.structured import json_grammar, schema_grammar
+from servers import serving
 
 pytestmark = pytest.mark.model
 
@@ -23,20 +23,14 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 
 @pytest.fixture(scope="module")
 def qwen_server(qwen_coder_path):
-    engine = load(str(qwen_coder_path), n_ctx=2048, calibrate=False, history="memory")
-    running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct"))
-    yield running
-    running.stop()
-    running.served.scheduler.close()
+    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def smol_server(smollm2_path):
-    engine = load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory")
-    running = start_in_thread(served_for(engine, str(smollm2_path)))
-    yield running
-    running.stop()
-    running.served.scheduler.close()
+    with serving(smollm2_path, str(smollm2_path), 512) as running:
+        yield running
 
 
 def _openai(server):
