@@ -269,7 +269,11 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
               help="KV cache in tokens, shared out among the slots (as llama-server's -c).")
 @click.option("--slots", type=click.IntRange(1, 16), default=2, show_default=True,
               help="KV slots: each request uses the one holding the longest prefix of its prompt, so an editor's "
-                   "cache-warming requests do not evict the cache of the completions at the cursor.")
+                   "cache-warming requests do not evict the cache of the completions at the cursor. With 2 or more, "
+                   "an editor's completion runs between the rounds of a chat's answer instead of after it.")
+@click.option("--no-interject", is_flag=True,
+              help="Make an editor's completions wait for the answer being generated to end (by default they run "
+                   "between its rounds, on another slot).")
 @click.option("--temp", "temperature", type=click.FloatRange(0, 5), default=None,
               help="Temperature for requests that set none (0: greedy, reproducible completions). Default: each "
                    "dialect's own (llama.cpp 0.8, OpenAI 1.0, Ollama 0.8).")
@@ -282,7 +286,7 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
               help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
                    "max_request_mb, 8).")
 @rpc_options
-def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, temperature,
+def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, no_interject, temperature,
           gpu_layers, cache_reuse, no_history_drafts, max_request_mb, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
@@ -301,7 +305,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
     run_server(entry, host=host, port=port, socket_path=sock, api_key=api_key, n_ctx=n_ctx, drafter=drafter,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
-               max_body=int((max_request_mb or config.max_request_mb) * 2**20),
+               max_body=int((max_request_mb or config.max_request_mb) * 2**20), interject=not no_interject,
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

@@ -214,6 +214,10 @@ class HostedEngine:
     def slot_tokens(self) -> list[int]:
         return list(self._slot_tokens)
 
+    @property
+    def interjects(self) -> bool:
+        return False
+
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
              cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -222,7 +226,9 @@ class HostedEngine:
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
                  drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None) -> Iterator[Event]:
+                 cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]:
+        if interject:
+            raise LocalspecError("An engine in a child process runs one request at a time.")
         options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
                    "stop": tuple(stop)}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())

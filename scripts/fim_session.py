@@ -10,6 +10,8 @@
 
     python scripts/fim_session.py record assets/fim-session.jsonl --upstream http://127.0.0.1:8012
     python scripts/fim_session.py replay assets/fim-session.jsonl --url http://127.0.0.1:8012 --label localspec
+    python scripts/fim_session.py replay assets/fim-session.jsonl --chat 256   # while a chat streams
+    python scripts/fim_session.py chat --tokens 256 --answers 3                 # the chat alone
 
 The session is scripted (scripts/fim_session.py: SESSION), so it is the same for every server; the
 recording keeps the requests the plugin really sent, with their real gaps.
@@ -196,11 +198,80 @@ def record(out: Path, upstream: str, seed: int) -> None:
 # ----------------------------------------------------------------------------- replay
 
 
-async def _replay(entries: list[dict], url: str) -> list[dict]:
+# Chat questions streamed back to back beside the replay (`--chat`): none of them was tuned on.
+CHAT_QUESTIONS = [
+    "Explain how a hash map handles collisions, with a short Python example.",
+    "Write a bash script that backs up a directory into a dated tar.gz and keeps the last five.",
+    "What is the difference between a process and a thread? Answer in a few paragraphs.",
+    "Write a Python function that parses an ISO 8601 date without libraries, with tests.",
+    "Describe how TCP's congestion control reacts to packet loss.",
+    "Write a small Rust program that counts word frequencies in a file.",
+]
+
+
+async def _chat(url: str, max_tokens: int, stop: asyncio.Event, answers: list[dict]) -> None:
+    """Chat answers streamed back to back (OpenAI's /v1/chat/completions, greedy) until `stop` is set."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(10**6):
+            if stop.is_set():
+                return
+            body = {"model": "localspec", "stream": True, "max_tokens": max_tokens, "temperature": 0,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]}]}
+            start, first, pieces, gaps, last, tokens = time.monotonic(), None, 0, [], None, None
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                    delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+                    if delta.get("content"):
+                        now = time.monotonic()
+                        first = first if first is not None else now - start
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
+                        pieces += 1
+                    if stop.is_set():
+                        break
+            done = not stop.is_set()
+            usage_s = time.monotonic() - start
+            answers.append({"question": i % len(CHAT_QUESTIONS), "seconds": usage_s, "first_s": first,
+                            "tokens": tokens if tokens is not None else pieces, "pieces": pieces,
+                            "longest_pause_s": max(gaps, default=0.0), "complete": done})
+
+
+def chat_rate(answers: list[dict]) -> dict:
+    """Answer tokens per second over the complete answers (first token's wait included), the longest pause."""
+    complete = [a for a in answers if a["complete"] and a["seconds"] > 0]
+    tokens, seconds = sum(a["tokens"] for a in complete), sum(a["seconds"] for a in complete)
+    return {"chat_answers": len(complete), "chat_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+            "chat_longest_pause_s": round(max((a["longest_pause_s"] for a in complete), default=0.0), 3)}
+
+
+async def _chat_alone(url: str, max_tokens: int, answers_wanted: int) -> list[dict]:
+    answers: list[dict] = []
+    stop = asyncio.Event()
+    task = asyncio.create_task(_chat(url, max_tokens, stop, answers))
+    while len(answers) < answers_wanted:
+        await asyncio.sleep(0.1)
+    stop.set()
+    await task
+    return answers
+
+
+async def _replay(entries: list[dict], url: str, chat_tokens: int = 0, chat: list[dict] | None = None) -> list[dict]:
     import httpx
 
     results: list[dict] = []
     pending: dict[str, asyncio.Task] = {}
+    stop_chat = asyncio.Event()
+    chatting = asyncio.create_task(_chat(url, chat_tokens, stop_chat, chat if chat is not None else [])) \
+        if chat_tokens else None
     t0 = time.monotonic()
 
     async def send(entry: dict) -> None:
@@ -236,6 +307,9 @@ async def _replay(entries: list[dict], url: str) -> list[dict]:
         if completion:
             pending["fim"] = task
     await asyncio.gather(*tasks, return_exceptions=True)
+    if chatting is not None:
+        stop_chat.set()
+        await chatting
     return results
 
 
@@ -271,16 +345,26 @@ def main() -> None:
     rep.add_argument("--url", default="http://127.0.0.1:8012")
     rep.add_argument("--label", default="server")
     rep.add_argument("--json", dest="json_path", type=Path, default=None)
+    rep.add_argument("--chat", type=int, default=0, metavar="TOKENS",
+                     help="meanwhile stream chat answers of this many tokens back to back (/v1/chat/completions)")
+    alone = sub.add_parser("chat", help="chat answers alone (the solo rate --chat is compared with)")
+    alone.add_argument("--url", default="http://127.0.0.1:8012")
+    alone.add_argument("--tokens", type=int, default=256)
+    alone.add_argument("--answers", type=int, default=3)
     args = parser.parse_args()
     if args.command == "record":
         record(args.out, args.upstream, args.seed)
         return
+    if args.command == "chat":
+        print(json.dumps(chat_rate(asyncio.run(_chat_alone(args.url.rstrip("/"), args.tokens, args.answers)))))
+        return
     entries = [json.loads(line) for line in args.session.read_text().splitlines() if line.strip()]
-    results = asyncio.run(_replay(entries, args.url.rstrip("/")))
-    summary = summarize(results, args.label)
+    chat: list[dict] = []
+    results = asyncio.run(_replay(entries, args.url.rstrip("/"), args.chat, chat))
+    summary = summarize(results, args.label) | (chat_rate(chat) if args.chat else {})
     print(json.dumps(summary))
     if args.json_path:
-        args.json_path.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+        args.json_path.write_text(json.dumps({"summary": summary, "results": results, "chat": chat}, indent=1))
 
 
 if __name__ == "__main__":

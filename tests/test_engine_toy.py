@@ -11,6 +11,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
+from localspec.errors import LocalspecError
 from toy import CpuScript, TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
@@ -634,3 +635,60 @@ def test_a_draft_models_catch_up_is_priced_by_its_own_measured_prefill():
     assert estimated.probe(context, plan) is not None     # 40 x 1.8 ms estimated: within the probe's share
     assert measured.probe(context, plan) is None          # 40 x 6 ms measured: not
     assert measured.probe(context[-2:], plan) is not None  # a draft nearly in step is still probed
+
+
+def _two_slot_engine(drafter="auto", draft_len=None):
+    target = ToyModel(seed=3, n_seq=2)
+    draft = ToyModel(seed=3, noise_seed=103, noise=1.5)
+    engine = Engine(target, draft, EngineOptions(drafter=drafter, draft_len=draft_len, learn_costs=False),
+                    cost=CostModel(dict(COST)), draft_cost_s=0.01)
+    return engine, target, draft
+
+
+@pytest.mark.parametrize("drafter, draft_len", [("auto", None), ("model", 4), ("ngram", 3)])
+def test_an_interjection_between_rounds_leaves_the_waiting_generation_exact(drafter, draft_len):
+    """An editor's completion runs between two rounds of a chat's answer (the server's scheduler does
+    this): on the other slot, with its own planner. Both answers are their solo answers, the waiting
+    generation's slot and the draft model's cache are untouched meanwhile, and no position of either
+    sequence is evaluated twice (the toy asserts every decode starts where its sequence ends)."""
+    engine, target, draft = _two_slot_engine(drafter, draft_len)
+    chat = [0, 5, 9, 11, 13, 5, 9]
+    completions = [[0, 20, 21, 22, 23, 20, 21], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17, 30, 2]]
+    events, interjected = [], []
+    main = engine.generate(chat, max_tokens=60)
+    for event in main:
+        events.append(event)
+        rounds = sum(isinstance(e, Round) for e in events)
+        if isinstance(event, Round) and rounds in (1, 3, 4) and completions:
+            held, draft_held = list(target.seqs[0]), list(draft.seqs[0])
+            prompt = completions.pop(0)
+            answer = list(engine.generate(prompt, max_tokens=12, interject=True))
+            assert _tokens(answer) == _plain(prompt, 12)
+            assert isinstance(answer[0], Prefill) and answer[0].prompt_tokens == len(prompt)
+            assert target.seqs[0] == held and draft.seqs[0] == draft_held
+            interjected.append(answer)
+    assert not completions and len(interjected) == 3
+    assert _tokens(events) == _plain(chat, 60)
+    assert isinstance(events[-1], Summary) and events[-1].generated_tokens == len(_plain(chat, 60))
+    # The engine is free again, and the interjections' slot kept the last completion's cache.
+    again = list(engine.generate([0, 30, 2, 3, 17, 30, 2, 9], max_tokens=4))
+    assert again[0].cached >= 6 and _tokens(again) == _plain([0, 30, 2, 3, 17, 30, 2, 9], 4)
+
+
+def test_an_interjection_needs_a_paused_generation_and_a_second_slot():
+    engine, _target, _draft = _two_slot_engine()
+    with pytest.raises(LocalspecError, match="between two rounds"):
+        list(engine.generate([0, 5, 9], max_tokens=3, interject=True))  # nothing is generating
+    main = engine.generate([0, 5, 9, 11], max_tokens=30)
+    next(main)  # the Prefill: the generation waits between rounds
+    inner = engine.generate([0, 7, 8], max_tokens=8, interject=True)
+    next(inner)
+    with pytest.raises(LocalspecError, match="between two rounds"):
+        list(engine.generate([0, 6], max_tokens=3, interject=True))  # not inside another interjection
+    inner.close()  # abandoned mid-answer (the editor moved on): the waiting generation goes on
+    assert _tokens(list(main)) == _plain([0, 5, 9, 11], 30)
+    one_slot = Engine(ToyModel(seed=3), None, EngineOptions(drafter="ngram", learn_costs=False),
+                      cost=CostModel(dict(COST)))
+    assert not one_slot.interjects
+    with pytest.raises(LocalspecError, match="one KV slot"):
+        one_slot.generate([0, 5], interject=True)

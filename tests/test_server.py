@@ -13,29 +13,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localspec.loader import load
-from localspec.server.run import served_for, start_in_thread
+from localspec.server.run import start_in_thread
+from servers import serving
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    engine = load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory")  # (module scope: no LOCALSPEC_HOME yet)
     folder = Path(tempfile.mkdtemp(prefix="ls"))  # short: Unix socket paths are limited to ~100 bytes
-    running = start_in_thread(served_for(engine, str(smollm2_path)), socket_path=folder / "s.sock")
-    yield running
-    running.stop()
-    running.served.scheduler.close()
+    with serving(smollm2_path, str(smollm2_path), 512, socket_path=folder / "s.sock") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def fim_server(qwen_coder_path):
-    engine = load(str(qwen_coder_path), n_ctx=1024, calibrate=False, history="memory")
-    running = start_in_thread(served_for(engine, "qwen2.5-coder-0.5b-instruct"))
-    yield running
-    running.stop()
-    running.served.scheduler.close()
+    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048, slots=2) as running:  # as serve's default
+        yield running
 
 
 def post(server, path, body, **kw):
@@ -147,6 +141,44 @@ def test_llama_vscode_completion_fields_and_n_cmpl(fim_server):
     health = httpx.get(fim_server.url + "/health").json()
     props = httpx.get(fim_server.url + "/props").json()
     assert health == {"status": "ok"} and props["default_generation_settings"]["n_ctx"] == 1024
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return float(re.search(rf"^localspec_{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
+
+
+def test_an_editor_completion_is_answered_while_a_chat_streams(fim_server):
+    """The completion runs between two rounds of the chat's answer (not after it), and neither answer
+    changes: both equal the same requests asked one after the other."""
+    chat = {"messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}],
+            "max_tokens": 200, "temperature": 0}
+    infill = {"input_prefix": "def mean(xs):\n    ", "input_suffix": "\n", "n_predict": 24, "temperature": 0,
+              "cache_prompt": True}
+    streamed, finished = [], threading.Event()
+
+    def stream_chat():
+        with httpx.stream("POST", fim_server.url + "/v1/chat/completions", json={**chat, "stream": True},
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        finished.set()
+
+    before = _metric(fim_server, "interjected_total")
+    chatting = threading.Thread(target=stream_chat)
+    chatting.start()
+    deadline = time.monotonic() + 60
+    while not "".join(streamed) and time.monotonic() < deadline:  # the chat is streaming
+        time.sleep(0.01)
+    completion = post(fim_server, "/infill", infill).json()["content"]
+    answered_during_chat = not finished.is_set()
+    chatting.join(120)
+    assert answered_during_chat and _metric(fim_server, "interjected_total") == before + 1
+    assert len("".join(streamed)) > 200  # (a long answer: the completion arrived in its middle)
+    alone = post(fim_server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
+    assert "".join(streamed) == alone
+    assert post(fim_server, "/infill", infill).json()["content"] == completion
 
 
 def test_infill_without_fim_tokens_is_refused_clearly(server):

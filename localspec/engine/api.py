@@ -18,10 +18,11 @@ from typing import Iterator, Sequence
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
-from localspec.engine.drafters import Drafter, Sources, build
+from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
 from localspec.engine.events import Event, Prefill, Round, Tally
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.model import LanguageModel, Vocabulary
+from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message, TextStream
 from localspec.engine.speculative import Planner, Step, speculate
@@ -69,6 +70,9 @@ class Engine:
             history_file=history_file))
         self._template = template
         self._planner: Planner | None = None
+        self._side: Planner | None = None   # interjections' planner (copies only)
+        self._current: Request | None = None  # the generation holding the engine
+        self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -136,14 +140,18 @@ class Engine:
         draft_len: int | None | str = "default",
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
+        interject: bool = False,
     ) -> Iterator[Event]:
-        """Prefill, then one Round per draft/verify step, then a Summary."""
+        """Prefill, then one Round per draft/verify step, then a Summary. With `interject`, a short
+        request run while the current generation waits between two rounds (see `_interjection`)."""
         sampling = sampling or SamplingSettings()
         mode = drafter or self.options.drafter
         problem = unavailable_drafter(mode, self.drafters)
         if problem:
             raise LocalspecError(problem)
-        fixed = self.options.draft_len if draft_len == "default" else draft_len
+        if isinstance(draft_len, str) and draft_len != "default":
+            raise LocalspecError(f"draft_len must be a number of tokens, none, or 'default' (got '{draft_len}').")
+        fixed = self.options.draft_len if isinstance(draft_len, str) else draft_len
         tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
         if not tokens:
             raise LocalspecError("The prompt is empty.")
@@ -154,11 +162,21 @@ class Engine:
                 f"The prompt is {len(tokens)} tokens but the context window holds {self.n_ctx}. "
                 "Shorten the prompt or the conversation, or load the model with a larger context (--ctx)."
             )
+        if interject and not self.interjects:
+            raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
         # A grammar that does not parse is refused here, before the request takes the engine.
         constraint = self.target.vocab.grammar(sampling.grammar) if sampling.grammar is not None else None
-        return self._generate(tokens, max_tokens, sampling, mode, fixed, stop, cancel or threading.Event(), constraint)
+        request = Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel or threading.Event(),
+                          constraint)
+        return self._interjection(request) if interject else self._generate(request)
 
-    def _generate(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint) -> Iterator[Event]:
+    @property
+    def interjects(self) -> bool:
+        """Whether a short request can run between the rounds of a generation (`generate(interject=True)`):
+        it needs a KV slot of its own."""
+        return len(self.slots) > 1
+
+    def _generate(self, request: Request) -> Iterator[Event]:
         if not self._lock.acquire(blocking=False):
             if not self._maintaining:
                 raise LocalspecError("This engine is already generating; one generation at a time.")
@@ -168,12 +186,44 @@ class Engine:
                     raise LocalspecError("The engine is busy measuring its costs; try again.")
             finally:
                 self._make_way.clear()
+        self._current = request
         try:
-            yield from self._run(prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint)
+            for event in self._run(request, self.planner_for(request.mode, request.fixed, request.max_tokens,
+                                                             request.sampling.replayable)):
+                self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
+                yield event
+                self._paused_on = None
         finally:
+            self._paused_on = None
+            self._current = None
             self._lock.release()
-            if constraint is not None:
-                constraint.close()
+            request.close()
+
+    def _interjection(self, request: Request) -> Iterator[Event]:
+        """A short request run to its end while the current generation waits between two rounds (its
+        consumer, on the same thread, is not asking for the next one): on another KV slot, drafting only
+        copies of its own context (a planner of its own: the waiting generation's drafters, their state
+        and the draft model's cache stay as they were); costs and measured plain rounds are shared."""
+        current = self._current
+        if current is None or current.kv is None or self._paused_on != threading.get_ident():
+            raise LocalspecError("An interjection runs only between two rounds of a generation, on its thread.")
+        self._paused_on = None  # no interjection inside this one
+        request.avoid = current.kv
+        t0 = time.perf_counter()
+        try:
+            yield from self._run(request, self._side_planner(request))
+        finally:
+            self._paused_on = threading.get_ident()
+            current.waited_s += time.perf_counter() - t0
+            request.close()
+
+    def _side_planner(self, request: Request) -> Planner:
+        if self._side is None:
+            copies = CopyDrafter(NgramDrafter(ends_copy=self.target.vocab.is_control))
+            self._side = Planner(mode=request.mode, cost=self.cost, drafters=[copies],
+                                 learn_costs=self.options.learn_costs, plain_wanted=self.plain_rounds.wanted)
+        self._side.configure(request.mode, request.fixed, request.max_tokens, request.sampling.replayable)
+        return self._side
 
     def planner_for(self, mode: str, fixed: int | None, budget: int | None = None, replayable: bool = False) -> Planner:
         """One planner for the engine's lifetime: what the drafters learned and its probing back-off
@@ -184,30 +234,32 @@ class Engine:
         self._planner.configure(mode, fixed, budget, replayable)
         return self._planner
 
-    def _run(self, prompt, max_tokens, sampling, mode, fixed, stop, cancel, constraint) -> Iterator[Event]:
-        planner = self.planner_for(mode, fixed, max_tokens, sampling.replayable)
-        planner.start(prompt)
-        context = list(prompt)
+    def _run(self, request: Request, planner: Planner) -> Iterator[Event]:
+        planner.start(request.prompt)
+        context = list(request.prompt)
         try:
-            yield from self._rounds(prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel,
-                                    constraint)
+            yield from self._rounds(request, context, planner)
         finally:
-            planner.finish(prompt, context[len(prompt):])  # also when cancelled: what was written is evidence
+            planner.finish(request.prompt, context[len(request.prompt):])  # also when cancelled: evidence
 
-    def _rounds(self, prompt, context, planner, max_tokens, sampling, mode, fixed, stop, cancel,
-                constraint) -> Iterator[Event]:
+    def _rounds(self, request: Request, context: list[int], planner: Planner) -> Iterator[Event]:
+        max_tokens, stop, cancel = request.max_tokens, request.stop, request.cancel
         t0 = time.perf_counter()
-        prefill = self._prefill(prompt, planner, t0)
+        prefill = self._prefill(request, planner, t0)
         yield prefill
+        kv = request.kv
+        assert kv is not None  # (set by _prefill)
 
-        sampler, stream, tally = Sampler(sampling, self._infill_vocab()), TextStream(stop), Tally()
+        sampler, stream, tally = Sampler(request.sampling, self._infill_vocab()), TextStream(stop), Tally()
         meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
         first_token_s = 0.0
         stop_reason = "cancelled"
         t_start = t_round = time.perf_counter()
-        for step in speculate(self.kv, context, planner, sampler, cancel, constraint):
+        waited = 0.0
+        for step in speculate(kv, context, planner, sampler, cancel, request.constraint):
+            # Time this generation waited for an interjection is not its rounds' (nor its plain baseline's).
             now = time.perf_counter()
-            seconds, t_round = now - t_round, now
+            seconds, t_round, waited = now - t_round - (request.waited_s - waited), now, request.waited_s
             kept, ended = self._within_budget(step, max_tokens - tally.generated)
             context_len = len(context) - step.accepted - 1
             speedup = meter.add(context_len, seconds, len(kept), bool(step.draft.tokens))
@@ -223,7 +275,7 @@ class Engine:
                 break
         else:
             stop_reason = "cancelled" if cancel.is_set() else "context"
-        wall = time.perf_counter() - t_start
+        wall = time.perf_counter() - t_start - request.waited_s
         tail = stream.flush()
         if tail:
             # Text held back for a possible stop string that never came: release it as a last round.
@@ -231,8 +283,8 @@ class Engine:
                         accepted_text="", rejected_text="", token_text="", text=tail, draft_s=0.0, verify_s=0.0)
         yield tally.summary(text=stream.text, stop_reason=stop_reason, prefill=prefill, wall_s=wall,
                             baseline_tokens_per_s=self.cost.plain_tokens_per_s,
-                            drafter=mode if fixed is None else f"{mode} (fixed {fixed})", first_token_s=first_token_s,
-                            kv_tokens=len(self.kv.tokens))
+                            drafter=request.mode if request.fixed is None else f"{request.mode} (fixed {request.fixed})",
+                            first_token_s=first_token_s, kv_tokens=len(kv.tokens))
 
     def _learn(self, step: Step, context_len: int) -> None:
         """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""
@@ -246,28 +298,31 @@ class Engine:
         vocab = self.target.vocab
         return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
 
-    def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
+    def slot_for(self, prompt: Sequence[int], avoid: KvSequence | None = None) -> tuple[KvSequence, int]:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
         prompt (llama-server's slot similarity), otherwise the least recently used one; and how many
-        of the prompt's tokens it already holds."""
-        held = [common_prefix(s.tokens, prompt) for s in self.slots]
-        i = max(range(len(self.slots)), key=lambda j: (held[j], -self.slots[j].last_used))
+        of the prompt's tokens it already holds. Never `avoid` (a waiting generation's slot)."""
+        free = [s for s in self.slots if s is not avoid]
+        held = [common_prefix(s.tokens, prompt) for s in free]
+        i = max(range(len(free)), key=lambda j: (held[j], -free[j].last_used))
         if held[i] > 0 and held[i] * 10 >= len(prompt):
-            return self.slots[i], held[i]
-        oldest = min(range(len(self.slots)), key=lambda j: self.slots[j].last_used)
-        return self.slots[oldest], held[oldest]
+            return free[i], held[i]
+        oldest = min(range(len(free)), key=lambda j: free[j].last_used)
+        return free[oldest], held[oldest]
 
-    def _prefill(self, prompt: list[int], planner: Planner, t0: float) -> Prefill:
+    def _prefill(self, request: Request, planner: Planner, t0: float) -> Prefill:
         """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
         one); the longest cached prefix is kept, and with `cache_reuse` the cached runs that moved."""
-        self.kv, reuse = self.slot_for(prompt)
+        prompt = request.prompt
+        kv, reuse = self.slot_for(prompt, request.avoid)
+        request.kv = self.kv = kv
         self._requests += 1
-        self.kv.last_used = self._requests
+        kv.last_used = self._requests
         if self.options.cache_reuse:
-            reuse = self.kv.reuse(prompt, self.options.cache_reuse)
+            reuse = kv.reuse(prompt, self.options.cache_reuse)
         keep = min(reuse, len(prompt) - 1)
-        self.kv.rewind(keep)
-        self.kv.extend(prompt[keep:-1])
+        kv.rewind(keep)
+        kv.extend(prompt[keep:-1])
         planner.prefill(prompt)
         return Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
                        seconds=time.perf_counter() - t0)

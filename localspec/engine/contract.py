@@ -108,7 +108,13 @@ class ServedEngine(ChatEngine, Protocol):
         """Tokens held in each KV slot, by slot id."""
         ...
 
+    @property
+    def interjects(self) -> bool:
+        """Whether a short request can run between two rounds of a generation: `generate(interject=True)`
+        called by the thread consuming that generation while it waits for the next round."""
+        ...
+
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None) -> Iterator[Event]: ...
+                 cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]: ...

@@ -158,9 +158,10 @@ class Served:
         )
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
-            endpoint: str, seed: int | None = None, grammar: str | None = None) -> Job:
+            endpoint: str, seed: int | None = None, grammar: str | None = None, urgent: bool = False) -> Job:
         """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
-        (server/structured.py)."""
+        (server/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds of
+        a generation that holds the engine, scheduler.py)."""
         refuse_unsupported(f.model_extra or {})
         if not tokens:
             raise ApiError(400, "The prompt is empty.")
@@ -176,7 +177,8 @@ class Served:
             raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
                    sampling=self.sampling(f, default_temperature, seed, grammar), stop=tuple(s for s in stops if s),
-                   drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint)
+                   drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint,
+                   urgent=urgent)
 
     async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:
         """Queue the job and wait for its prefill, so a bad request fails before any response is sent.

@@ -114,7 +114,8 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     results = []
     for i in range(count):
         job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                         seed=None if body.seed is None else body.seed + i, grammar=grammar)
+                         seed=None if body.seed is None else body.seed + i, grammar=grammar,
+                         urgent=endpoint == "infill" and not warm_up)  # (a warm-up only fills a cache)
         prefill, events = await served.start(job, request)
         limits = Limits(body.n_indent, body.t_max_predict_ms)
 
@@ -134,7 +135,7 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
 async def _stream(served: Served, request: Request, body: CompletionRequest, tokens: list[int],
                   endpoint: str, grammar: str | None) -> StreamingResponse:
     job = served.job(tokens, 1 if body.n_predict == 0 else body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                     grammar=grammar)
+                     grammar=grammar, urgent=endpoint == "infill" and body.n_predict != 0)
     prefill, events = await served.start(job, request)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
 

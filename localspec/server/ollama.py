@@ -98,7 +98,7 @@ def router(served: Served) -> APIRouter:
                 [{"role": "user", "content": body.prompt}]
             tokens = served.chat_tokens(messages)
         return await _respond(served, request, body.model, body.options, tokens, body.stream, "generate", chat=False,
-                              grammar=_format(body.format))
+                              grammar=_format(body.format), urgent=body.suffix is not None and not body.raw)
 
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
@@ -160,10 +160,11 @@ def _format(fmt: str | dict | None) -> str | None:
 
 
 async def _respond(served: Served, request: Request, model: str, options: Options, tokens: list[int], stream: bool,
-                   endpoint: str, chat: bool, grammar: str | None = None, tools: list[Tool] | None = None):
+                   endpoint: str, chat: bool, grammar: str | None = None, tools: list[Tool] | None = None,
+                   urgent: bool = False):
     """With tools, the answer's calls are parsed out of it, and a stream sends them in its last line."""
     limit = options.num_predict if options.num_predict is not None and options.num_predict >= 0 else None
-    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar)
+    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent)
     prefill, events = await served.start(job, request)
 
     def line(text: str | None, summary: Summary | None = None, calls: list[Call] | None = None) -> bytes:

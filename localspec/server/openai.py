@@ -118,7 +118,8 @@ def router(served: Served) -> APIRouter:
         else:
             tokens = served.text_tokens(prompt, special=False)
         return await _answer(served, request, body, tokens, max(1, body.max_tokens or 16), chat=False,
-                             echo=prompt if body.echo else "", grammar=llama_cpp_grammar(body.grammar, body.json_schema))
+                             echo=prompt if body.echo else "", grammar=llama_cpp_grammar(body.grammar, body.json_schema),
+                             urgent=body.suffix is not None)
 
     return api
 
@@ -162,10 +163,11 @@ def _response_format(fmt: dict | None) -> str | None:
 
 async def _answer(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
                   limit: int | None, *, chat: bool, echo: str = "", grammar: str | None = None,
-                  tools: list[Tool] | None = None) -> Response:
+                  tools: list[Tool] | None = None, urgent: bool = False) -> Response:
     """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text.
     With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
-    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions", grammar=grammar)
+    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions", grammar=grammar,
+                     urgent=urgent)
     prefill, events = await served.start(job, request)
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)

@@ -1,11 +1,15 @@
-"""One thread owns the engine; requests wait their turn in arrival order.
+"""One thread owns the engine; requests take their turn in arrival order, and an editor's completion
+runs between two rounds of whatever is generating.
 
 A request's events cross from that thread to the event loop through an asyncio queue. A client that
 goes away sets the request's cancel event, which the engine checks between rounds, so the engine is
 free again within one round. Consecutive requests that share a prompt prefix (an editor completing
-in one file, a chat's next turn) reuse the engine's KV cache for that prefix. When the queue is empty
-the thread lets the engine do what it put off for a quiet moment (`maintain`: measuring its costs
-again), which the next request interrupts.
+in one file, a chat's next turn) reuse the engine's KV cache for that prefix. A latency-bound request
+(`Job.urgent`: a completion at an editor's cursor, worth nothing late) does not wait for a chat's
+answer to end: the chat pauses between two rounds while it runs on another slot
+(`Engine.generate(interject=True)`), then carries on. When nothing is waiting the thread lets the
+engine do what it put off for a quiet moment (`maintain`: measuring its costs again), which the next
+request interrupts.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Job:
     endpoint: str = ""
     cancel: threading.Event = field(default_factory=threading.Event)
     limited: bool = False      # the dialect ended it for an editor limit (n_indent, t_max_predict_ms)
+    urgent: bool = False       # latency-bound (a completion at an editor's cursor): runs between another's rounds
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
 
@@ -42,6 +47,7 @@ class _Failed:
 
 
 _END = object()
+_WAKE = object()  # an urgent job was queued (they wait in Scheduler._urgent)
 
 
 @dataclass
@@ -75,20 +81,28 @@ class Metrics:
 
 
 class Scheduler:
-    def __init__(self, engine):
+    def __init__(self, engine, interject: bool = True):
         self.engine = engine
         self.metrics = Metrics()
         # The latest requests, newest last: (endpoint, token budget, prompt tokens, of them reused from the cache).
         self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._busy = False
+        self._queue: queue.Queue = queue.Queue()           # jobs in arrival order, _WAKE, or None (close)
+        self._urgent: collections.deque[Job] = collections.deque()
+        self.interject = interject and engine.interjects
+        self._running = 0  # jobs running now: one, or two while an urgent one runs between another's rounds
+        self.interjected = 0  # urgent jobs run between another's rounds so far
         self.maintenance = ""  # what the engine last did between requests
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize() + int(self._busy)
+        """Requests running or waiting."""
+        return self._queue.qsize() + len(self._urgent) + self._running
+
+    @property
+    def running(self) -> int:
+        return self._running
 
     async def generate(self, job: Job) -> AsyncIterator[Prefill | Round | Summary]:
         """Events of one request. Raises LocalspecError (bad request) before the first event.
@@ -98,7 +112,11 @@ class Scheduler:
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
         self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
-        self._queue.put(job)
+        if job.urgent and self.interject:
+            self._urgent.append(job)
+            self._queue.put(_WAKE)
+        else:
+            self._queue.put(job)
         finished = False
         try:
             while True:
@@ -123,26 +141,32 @@ class Scheduler:
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            while self._urgent:  # urgent jobs first
+                self._run(self._urgent.popleft())
+            if item is None:
                 return
-            self._busy = True
-            try:
-                self._run(job)
-            finally:
-                self._busy = False
-            if self._queue.empty():
+            if item is not _WAKE:
+                self._run(item, between=self._run_urgent)
+            if self._queue.empty() and not self._urgent:
                 self._maintain()
+
+    def _run_urgent(self) -> None:
+        """Between two rounds of a generation: run the urgent jobs that arrived meanwhile, on another slot."""
+        while self._urgent:
+            self.interjected += 1
+            self._run(self._urgent.popleft(), interject=True)
 
     def _maintain(self) -> None:
         try:
-            done = self.engine.maintain(interrupt=lambda: not self._queue.empty())
+            done = self.engine.maintain(interrupt=lambda: not self._queue.empty() or bool(self._urgent))
         except Exception as exc:  # maintenance must never take the server down
             done = f"maintenance failed: {type(exc).__name__}: {exc}"
         if done:
             self.maintenance = done
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, between=None, interject: bool = False) -> None:
+        """Run one job to its end; `between` is called between its rounds (the engine waits meanwhile)."""
         loop, events = job.loop, job.events
         assert loop is not None and events is not None  # set by generate() before the job is queued
         put = events.put_nowait
@@ -154,10 +178,12 @@ class Scheduler:
             send(_END)
             return
         prefill = None
+        self._running += 1
         try:
+            options = {"interject": True} if interject else {}
             events = self.engine.generate(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
                                           drafter=job.drafter, draft_len=job.draft_len, stop=job.stop,
-                                          cancel=job.cancel)
+                                          cancel=job.cancel, **options)
             for event in events:
                 if isinstance(event, Prefill):
                     prefill = event
@@ -165,6 +191,8 @@ class Scheduler:
                 elif isinstance(event, Summary):
                     self.metrics.count(event, prefill, job.limited)
                 send(event)
+                if between is not None and self._urgent and not isinstance(event, Summary):
+                    between()
         except LocalspecError as exc:
             self.metrics.errors += 1
             send(_Failed(exc))
@@ -172,6 +200,7 @@ class Scheduler:
             self.metrics.errors += 1
             send(_Failed(RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
         finally:
+            self._running -= 1
             send(_END)
 
     def prometheus(self, model: str) -> str:
@@ -199,6 +228,10 @@ class Scheduler:
         metric("tokens_per_second", "gauge", "Throughput of the last generation.", round(m.last_tokens_per_s, 3))
         metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
         metric("queue_depth", "gauge", "Requests running or waiting.", self.waiting)
+        metric("requests_running", "gauge", "Requests generating now (an editor's completion runs between a chat's "
+               "rounds).", self.running)
+        metric("interjected_total", "counter", "Completions run between the rounds of another generation.",
+               self.interjected)
         lines += ["# HELP localspec_slot_tokens Tokens held in each KV slot (what a request with that prefix reuses).",
                   "# TYPE localspec_slot_tokens gauge",
                   *[f'localspec_slot_tokens{{{label},slot="{i}"}} {n}'

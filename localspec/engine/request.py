@@ -1,0 +1,29 @@
+"""One request as the engine runs it: what was asked, and the KV slot it holds once prefilled."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from localspec.engine.constraint import Constraint
+from localspec.engine.kv import KvSequence
+from localspec.engine.sampling import SamplingSettings
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingSettings
+    mode: str                        # the drafter setting
+    fixed: int | None                # a forced draft length, or None (the planner chooses)
+    stop: tuple[str, ...]
+    cancel: threading.Event
+    constraint: Constraint | None    # the grammar's state, advanced by what each round keeps
+    avoid: KvSequence | None = None  # a slot it must not take (the generation an interjection waits on)
+    kv: KvSequence | None = None     # the slot holding its context, once prefilled
+    waited_s: float = 0.0            # time it waited between two rounds while interjections ran
+
+    def close(self) -> None:
+        if self.constraint is not None:
+            self.constraint.close()
