@@ -21,16 +21,29 @@ COMPLETION = [0, 20, 21, 22, 23, 20, 21]
 
 
 class SlowToy(ToyModel):
-    """Every decode takes a little while, as a real one does (so requests overlap)."""
+    """Every decode takes a little while, as a real one does (so requests overlap), and 0.1 s on `clock`
+    (the scheduler's clock: what each sequence's decodes cost, without timing anything)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.clock = 0.0
+        self.log: list[tuple[int, float]] = []  # (sequence, clock) of every decode
 
     def decode(self, tokens, start, logits_for, seq=0):
         time.sleep(0.003)
+        self.clock += 0.1
+        self.log.append((seq, self.clock))
         return super().decode(tokens, start, logits_for, seq)
 
 
 def _engine() -> Engine:
     return Engine(SlowToy(seed=3, n_seq=2), ToyModel(seed=3, noise_seed=103, noise=1.5),
                   EngineOptions(learn_costs=False), cost=CostModel(dict(COST)), draft_cost_s=0.01)
+
+
+def _scheduler(interject: bool = True) -> Scheduler:
+    engine = _engine()
+    return Scheduler(engine, interject=interject, clock=lambda: engine.target.clock)
 
 
 async def _run(scheduler: Scheduler, job: Job, finished: list[str], name: str) -> list:
@@ -54,7 +67,7 @@ async def _chat_then_completion(scheduler: Scheduler) -> tuple[list, list, list[
 @pytest.mark.parametrize("interject", [True, False])
 def test_a_completion_runs_between_the_rounds_of_a_long_answer(interject):
     assert len(_plain(CHAT, 200)) >= 60  # a long answer: the completion arrives while it is generated
-    scheduler = Scheduler(_engine(), interject=interject)
+    scheduler = _scheduler(interject)
     try:
         chat, completion, finished = asyncio.run(_chat_then_completion(scheduler))
     finally:
@@ -66,3 +79,44 @@ def test_a_completion_runs_between_the_rounds_of_a_long_answer(interject):
         assert "localspec_interjected_total{model=\"toy\"} 1" in scheduler.prometheus("toy")
     else:  # --no-interject: it waits for the whole answer
         assert finished == ["chat", "completion"] and scheduler.interjected == 0
+
+
+COMPLETIONS = [[0, 20, 21, 22, 23, 20, 21], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17, 30, 2], [0, 8, 9, 10, 8, 9],
+               [0, 12, 14, 16, 12, 14], [0, 40, 41, 42, 40, 41]]
+
+
+async def _chat_with_many_completions(scheduler: Scheduler) -> tuple[list, list[list], list[str]]:
+    finished: list[str] = []
+    chat = asyncio.create_task(_run(scheduler, Job(CHAT, 200, SamplingSettings(), drafter="none", endpoint="chat"),
+                                    finished, "chat"))  # (plain: a round per token, a long answer)
+    while not scheduler.running:
+        await asyncio.sleep(0.001)
+    completions = await asyncio.gather(*[
+        _run(scheduler, Job(prompt, 12, SamplingSettings(), drafter="none", endpoint="infill", urgent=True),
+             finished, f"completion {i}") for i, prompt in enumerate(COMPLETIONS)])
+    return await chat, completions, finished
+
+
+def test_completions_take_at_most_their_share_of_a_generating_answer():
+    """Six completions at once while a chat generates: each runs between two of the chat's rounds, but
+    together they take at most URGENT_SHARE of the time (after URGENT_BURST_S), so the chat keeps the
+    rest; every answer is its solo answer."""
+    from localspec.server.scheduler import URGENT_BURST_S, URGENT_SHARE
+
+    scheduler = _scheduler()
+    try:
+        chat, completions, finished = asyncio.run(_chat_with_many_completions(scheduler))
+    finally:
+        scheduler.close()
+    assert answer_tokens(chat) == _plain(CHAT, 200)
+    assert [answer_tokens(c) for c in completions] == [_plain(p, 12) for p in COMPLETIONS]
+    assert finished[-1] == "chat" and scheduler.interjected == len(COMPLETIONS)
+    log = scheduler.engine.target.log
+    chat_seq = log[0][0]
+    first = next(i for i, (seq, _t) in enumerate(log) if seq != chat_seq)
+    last = max(i for i, (seq, _t) in enumerate(log) if seq != chat_seq)
+    span = log[first:last + 1]  # from the first completion's decode to the last one's
+    completion_s = 0.1 * sum(1 for seq, _t in span if seq != chat_seq)
+    longest = 0.1 * (1 + 12)  # the last one may start with a little allowance left and overrun it by a whole job
+    assert completion_s <= URGENT_SHARE * 0.1 * len(span) + URGENT_BURST_S + longest
+    assert sum(1 for seq, _t in span if seq == chat_seq) > 0  # the chat went on between them
