@@ -119,11 +119,16 @@ def test_flash_attention_setting_is_reported_used_and_checked(smollm2_home):
     settings.write_text("flash_attention: off\n")  # YAML reads a bare `off` as false
     doctor = _run(["doctor"], smollm2_home)
     assert "flash attention     off (flash_attention: off in settings)" in doctor.stdout
-    result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip()
-    # The models were loaded with it off: their verify costs were measured under that setting's key.
-    assert "|fa=False" in (smollm2_home / "cache" / "calibration.json").read_text()
+    # The models are loaded with it off: their verify costs are measured under that setting's key (and
+    # cached only when trusted: a start whose measurement a noisy moment spoiled caches nothing, so try again).
+    cache = smollm2_home / "cache" / "calibration.json"
+    for _attempt in range(3):
+        result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
+        if cache.exists():
+            break
+    assert "|fa=False" in cache.read_text()
 
     settings.write_text("flash_attention: sometimes\n")
     result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)

@@ -242,7 +242,8 @@ async def test_unknown_model_is_a_notification_and_the_picker_opens():
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: type(app.screen).__name__ == "ModelPicker")
         assert any("Unknown model" in n for n in app.notes)
-        await until(pilot, lambda: app.screen.query_one("#choices").option_count == 2)  # listed off the loop
+        # listed off the loop (and the picker's widgets may not be mounted yet when it is the screen)
+        await until(pilot, lambda: any(c.option_count == 2 for c in app.screen.query("#choices")))
         await pilot.press("enter")  # the first, ready choice
         await until(pilot, lambda: app.engine is not None)
         assert app.engine_id == "pair-a"
