@@ -121,13 +121,15 @@ def test_flash_attention_setting_is_reported_used_and_checked(smollm2_home):
     assert "flash attention     off (flash_attention: off in settings)" in doctor.stdout
     # The models are loaded with it off: their verify costs are measured under that setting's key (and
     # cached only when trusted: a start whose measurement a noisy moment spoiled caches nothing, so try again).
+    # (SmolLM2's passes agree within 18-21% on a 2-core AVX2 CPU, against a limit of 25%: a few tries.)
     cache = smollm2_home / "cache" / "calibration.json"
-    for _attempt in range(3):
+    for _attempt in range(6):
         result = _run(["run", "smollm2-135m", "Name three colours.", "--max-tokens", "8"], smollm2_home)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip()
         if cache.exists():
             break
+    assert cache.exists(), "no trusted calibration in six starts: " + _run(["calibrate", "smollm2-135m"], smollm2_home).stdout
     assert "|fa=False" in cache.read_text()
 
     settings.write_text("flash_attention: sometimes\n")
@@ -161,7 +163,7 @@ def test_a_first_load_beside_another_llama_cpp_process_caches_no_calibration_and
         rival.wait()
     assert busy.returncode == 0, busy.stderr
     under_load = json.loads(cache.read_text()) if cache.exists() else {}
-    for _attempt in range(3):  # a quiet start measures and caches (again, should a stray spell make one untrusted)
+    for _attempt in range(6):  # a quiet start measures and caches (again, should a stray spell make one untrusted)
         quiet = _run(args, smollm2_home)
         assert quiet.returncode == 0, quiet.stderr
         stored = json.loads(cache.read_text()) if cache.exists() else {}
