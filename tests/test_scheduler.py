@@ -61,6 +61,7 @@ async def _chat_then_completion(scheduler: Scheduler) -> tuple[list, list, list[
     await asyncio.sleep(0.02)
     completion = await _run(scheduler, Job(COMPLETION, 12, SamplingSettings(), endpoint="infill", urgent=True),
                             finished, "completion")
+    assert scheduler.waiting <= 1  # the chat, if it still runs (the completion's wake-up is not a request)
     return await chat, completion, finished
 
 

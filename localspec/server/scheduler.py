@@ -10,9 +10,8 @@ answer to end: the chat pauses between two rounds while it runs on another slot
 (`Engine.generate(interject=True)`), then carries on. Completions may take at most URGENT_SHARE of the
 engine's time while another answer is generated (a token bucket of URGENT_BURST_S), so a chat keeps
 the rest however fast an editor asks; a completion its editor abandoned while it waited never runs.
-When nothing is waiting the thread lets the
-engine do what it put off for a quiet moment (`maintain`: measuring its costs again), which the next
-request interrupts.
+When nothing is waiting the thread lets the engine do what it put off for a quiet moment (`maintain`:
+measuring its costs again), which the next request interrupts.
 """
 
 from __future__ import annotations
@@ -100,6 +99,8 @@ class Scheduler:
         self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
         self._queue: queue.Queue = queue.Queue()           # jobs in arrival order, _WAKE, or None (close)
         self._urgent: collections.deque[Job] = collections.deque()
+        self._wakes = 0  # _WAKE markers in the queue (they are not requests)
+        self._wakes_lock = threading.Lock()
         self.interject = interject and engine.interjects
         self._running = 0  # jobs running now: one, or two while an urgent one runs between another's rounds
         self.interjected = 0  # urgent jobs run between another's rounds so far
@@ -112,7 +113,7 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Requests running or waiting."""
-        return self._queue.qsize() + len(self._urgent) + self._running
+        return self._queue.qsize() - self._wakes + len(self._urgent) + self._running
 
     @property
     def running(self) -> int:
@@ -128,6 +129,8 @@ class Scheduler:
         self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
         if job.urgent and self.interject:
             self._urgent.append(job)
+            with self._wakes_lock:
+                self._wakes += 1
             self._queue.put(_WAKE)
         else:
             self._queue.put(job)
@@ -156,6 +159,9 @@ class Scheduler:
     def _work(self) -> None:
         while True:
             item = self._queue.get()
+            if item is _WAKE:
+                with self._wakes_lock:
+                    self._wakes -= 1
             while self._urgent:  # urgent jobs first
                 self._run(self._urgent.popleft())
             if item is None:
