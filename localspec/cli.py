@@ -325,7 +325,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also run llama-cpp-python's Llama (plain on every prompt, the baseline when it is faster; "
                    "prompt-lookup on --peer-prompts), and llama.cpp's llama-speculative-simple if on PATH.")
-@click.option("--prompts", "limit", type=int, default=None, help="Only the first N prompts of each suite.")
+@click.option("--prompts", "limit", default=None,
+              help="Only the first N prompts of each suite, or only these prompts (ids: code-4,chat-8).")
 @click.option("--peer-prompts", type=int, default=4, show_default=True,
               help="Peers run on the first N prompts of each suite (they are the slow part of a run).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every raw run here.")
@@ -354,7 +355,8 @@ def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, li
         raise click.BadParameter("must be at least 1", param_hint="--max-tokens/--repeat")
     report = run_bench(entry_id or load_catalog().default_pair, drafter=drafter,
                        suites=[s.strip() for s in suites.split(",") if s.strip()], max_tokens=max_tokens,
-                       repeat=repeat, temperatures=temps, peers=peers, limit=limit, peer_prompts=peer_prompts,
+                       repeat=repeat, temperatures=temps, peers=peers,
+                       limit=int(limit) if limit and limit.isdigit() else limit, peer_prompts=peer_prompts,
                        n_ctx=n_ctx, placement=rpc_load_options(rpc, rpc_allow_public, tensor_split),
                        json_path=json_path, plot_path=plot_path, say=lambda m: click.echo(m, err=True))
     click.echo(report)

@@ -178,3 +178,30 @@ def test_a_real_session_bench_drafts_regenerations_from_history_and_nothing_else
     row = next(r for r in data["rows"] if r["suite"] == "regenerate" and r["variant"] == "auto")
     assert row["history_share"] > 0
     assert "| regenerate | 0 | auto |" in proc.stdout and "from history" in proc.stdout
+
+
+def test_variants_alternate_by_prompt_and_by_repeat(monkeypatch):
+    """With two repeats each prompt runs A B B A (drift between runs hits both sides alike), and the next
+    prompt starts with the other side."""
+    from localspec.bench import runner
+
+    order = []
+
+    def fake_run(engine, prompt, variant, temperature, r, max_tokens, cold=False, messages=None):
+        order.append((prompt.id, r, variant))
+        return run(prompt.id, variant, 10.0, [1], repeat=r)
+
+    class Engine:
+        target = type("T", (), {"vocab": type("V", (), {"is_eog": staticmethod(lambda t: False)})()})()
+
+        def chat_tokens(self, messages, tools=None):
+            return [1, 2]
+
+        def drafter(self, name):
+            return None
+
+    monkeypatch.setattr(runner, "run_engine", fake_run)
+    prompts = [b.Prompt("code", i, "text") for i in range(2)]
+    runner.bench(Engine(), prompts, drafters=["auto"], temperatures=[0.0], max_tokens=4, repeat=2, peers=False)
+    assert [v for _p, _r, v in order] == ["plain", "auto", "auto", "plain", "auto", "plain", "plain", "auto"]
+    assert [(p, r) for p, r, _v in order[:4]] == [("code-1", 0), ("code-1", 0), ("code-1", 1), ("code-1", 1)]

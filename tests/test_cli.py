@@ -75,6 +75,7 @@ def test_user_mistakes_get_a_message_not_a_traceback(tmp_path):
         (["run", "smollm2-135m", "hi", "--draft-len", "many"], "--draft-len"),
         (["check", str(tmp_path / "missing.gguf"), str(tmp_path / "also.gguf")], "not found"),
         (["rm", "nothing-like-this"], "No model or pair"),
+        (["bench", "smollm2-135m", "--suite", "code", "--prompts", "code-4,code-99"], "No prompt code-99"),
     ]:
         result = _run(args, tmp_path / "home")
         assert result.returncode != 0, args

@@ -26,7 +26,7 @@ def drafters_of(spec: str) -> tuple[list[str], bool]:
 
 
 def run(entry: str, *, drafter: str, suites: list[str], max_tokens: int, repeat: int, temperatures: list[float],
-        peers: bool, limit: int | None, peer_prompts: int, n_ctx: int, placement: dict[str, Any],
+        peers: bool, limit: int | str | None, peer_prompts: int, n_ctx: int, placement: dict[str, Any],
         json_path: str | None, plot_path: str | None, say: Callable[[str], None]) -> str:
     """Run the bench on `entry` and return the report (Markdown and notes); `say` gets the progress."""
     from localspec.bench.peers import Run
@@ -36,7 +36,14 @@ def run(entry: str, *, drafter: str, suites: list[str], max_tokens: int, repeat:
     drafters, every = drafters_of(drafter)
     prompts = load_suites(suites)
     sessions = load_sessions() if SESSIONS in suites else []
-    if limit:
+    if isinstance(limit, str):  # prompt ids: run these again, with more repeats, say
+        wanted = {name.strip() for name in limit.split(",") if name.strip()}
+        unknown = wanted - {p.id for p in prompts} - {s.id for s in sessions}
+        if unknown:
+            raise LocalspecError(f"No prompt {', '.join(sorted(unknown))} in the suites {', '.join(suites)}.")
+        prompts = [p for p in prompts if p.id in wanted]
+        sessions = [s for s in sessions if s.id in wanted]
+    elif limit:
         prompts = [p for p in prompts if p.index < limit]
         sessions = [s for s in sessions if s.index < limit]
     self_draft = find_self_draft(entry) if "self" in drafters else None

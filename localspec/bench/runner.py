@@ -41,8 +41,8 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
           repeat: int, peers: bool, peer_prompts: int = 4,
           progress: Callable[[str], None] = lambda _m: None) -> tuple[list[Run], dict[str, str]]:
     """Every prompt x temperature x repeat: localspec plain, each drafter and (with `peers`) `Llama`
-    plain back to back, in the reverse order on every other prompt (order alone moves a figure by up
-    to ~10% on small machines). The first repeat of each variant at the first temperature starts from
+    plain back to back, in the reverse order on every other prompt and every other repeat (order alone
+    moves a figure by up to ~10% on small machines; with two repeats each prompt runs A B B A). The first repeat of each variant at the first temperature starts from
     an empty cache, so its time to first token includes the whole prompt. On the first `peer_prompts`
     prompts of each suite, the other peers follow (greedy). Returns the runs and, for each peer that
     could not run, why."""
@@ -71,10 +71,9 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
         for n, prompt in enumerate(prompts):
             tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}],
                                         list(prompt.tools) if prompt.tools else None)
-            order = sides if n % 2 == 0 else sides[::-1]
             for t, temperature in enumerate(temperatures):
                 for r in range(repeat):
-                    for variant in order:
+                    for variant in (sides if (n + r) % 2 == 0 else sides[::-1]):
                         cold = t == 0 and r == 0
                         if variant == "llama":
                             assert plain_peer is not None
