@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from localspec import errors, paths
 from localspec.engine.api import Engine
+from localspec.engine.contract import one_after_another
 from localspec.engine.events import Event, Summary
 from localspec.engine.model import Vocabulary
 from localspec.engine.sampling import SamplingSettings
@@ -214,6 +215,11 @@ class HostedEngine:
     def slot_tokens(self) -> list[int]:
         return list(self._slot_tokens)
 
+    def slots_busy(self) -> list[bool]:
+        # The child generates one request at a time and says which slot only at its end: while it
+        # generates, every slot reads busy here.
+        return [self._lock.locked()] * len(self._slot_tokens)
+
     @property
     def interjects(self) -> bool:
         return False
@@ -232,6 +238,13 @@ class HostedEngine:
         options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
                    "stop": tuple(stop)}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())
+
+    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
+                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+        return one_after_another(self, prompt, samplings, max_tokens=max_tokens, stop=stop, drafter=drafter,
+                                 cancel=cancel, cancels=cancels, interject=interject)
 
     def _stream(self, prompt, options: dict[str, Any], cancel: threading.Event) -> Iterator[Event]:
         if not self._lock.acquire(blocking=False):

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from localspec.engine.events import Prefill, Round, Tally
-from localspec.engine.contract import ChatEngine, ServedEngine, available_drafters, unavailable_drafter
+from localspec.engine.contract import (ChatEngine, ServedEngine, available_drafters, one_after_another,
+                                       unavailable_drafter)
 from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.tui.provider import Choice
 
@@ -72,6 +73,9 @@ class ScriptedEngine:
     def slot_tokens(self) -> list[int]:
         return [0]
 
+    def slots_busy(self) -> list[bool]:
+        return [False]
+
     def chat_tokens(self, messages, tools=None):
         listed = "".join(f"<tool>{t['function']['name']}" for t in tools or ())
         return self.vocab.tokenize(listed + "".join(f"<{m['role']}>{m['content']}" for m in messages))
@@ -87,6 +91,11 @@ class ScriptedEngine:
         if problem:
             raise LocalspecError(problem)
         return self._events(cancel or threading.Event(), max_tokens)
+
+    def generate_many(self, prompt, samplings, *, max_tokens=512, stop=(), drafter=None, cancel=None, cancels=None,
+                      interject=False):
+        return one_after_another(self, prompt, samplings, max_tokens=max_tokens, stop=stop, drafter=drafter,
+                                 cancel=cancel, cancels=cancels, interject=interject)
 
     def _events(self, cancel, max_tokens=512):
         yield Prefill(prompt_tokens=10, evaluated=10, cached=0, seconds=0.01)

@@ -143,6 +143,19 @@ def test_llama_vscode_completion_fields_and_n_cmpl(fim_server):
     assert health == {"status": "ok"} and props["default_generation_settings"]["n_ctx"] == 1024
 
 
+def test_n_cmpl_completions_are_decoded_together_and_equal_their_single_requests(fim_server):
+    """Three sampled completions of one prompt in one request (decoded two at a time on the server's two
+    slots, then the third alone): each is what a request of its own with that seed returns."""
+    body = {"input_prefix": "def mean(xs):\n    ", "input_suffix": "\n", "n_predict": 16, "temperature": 0.9,
+            "seed": 11, "n_cmpl": 3, "drafter": "none"}
+    together = post(fim_server, "/infill", body).json()
+    alone = [post(fim_server, "/infill", {**body, "n_cmpl": 1, "seed": 11 + i}).json() for i in range(3)]
+    assert [c["content"] for c in together] == [c["content"] for c in alone]
+    assert len({c["content"] for c in together}) > 1  # three samples, not one answer thrice
+    assert [c["index"] for c in together] == [0, 1, 2]
+    assert together[0]["timings"]["prompt_n"] > 0 and together[1]["timings"]["prompt_n"] == 0  # evaluated once
+
+
 def _metric(server, name: str) -> float:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return float(re.search(rf"^localspec_{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
@@ -171,10 +184,16 @@ def test_an_editor_completion_is_answered_while_a_chat_streams(fim_server):
     deadline = time.monotonic() + 60
     while not "".join(streamed) and time.monotonic() < deadline:  # the chat is streaming
         time.sleep(0.01)
+    busy = [s["is_processing"] for s in httpx.get(fim_server.url + "/slots", timeout=10).json()]
     completion = post(fim_server, "/infill", infill).json()["content"]
     answered_during_chat = not finished.is_set()
     chatting.join(120)
     assert answered_during_chat and _metric(fim_server, "interjected_total") == before + 1
+    assert busy.count(True) == 1  # /slots: the chat's slot, not the other
+    deadline = time.monotonic() + 10  # (the engine lets go of a slot just after its last event is sent)
+    while any(s["is_processing"] for s in httpx.get(fim_server.url + "/slots", timeout=10).json()):
+        assert time.monotonic() < deadline, "a slot still reads busy after every request ended"
+        time.sleep(0.05)
     assert len("".join(streamed)) > 200  # (a long answer: the completion arrived in its middle)
     alone = post(fim_server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
     assert "".join(streamed) == alone

@@ -123,6 +123,7 @@ class ToyModel:
         self.tokens = self.seqs[0]
         self.evaluated = 0
         self.calls: list[tuple[int, int]] = []  # (start, n) of every decode
+        self.steps: list[list[tuple[int, int, int]]] = []  # every decode_many call's (seq, start, n) parts
 
     def logits_at(self, prefix: list[int]) -> np.ndarray:
         p1 = prefix[-1]
@@ -140,6 +141,15 @@ class ToyModel:
         if self.batch_noise and len(tokens) >= 4:
             rows = [row + self._kernel_noise(held[: start + i + 1]) for row, i in zip(rows, logits_for)]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def decode_many(self, parts) -> list[np.ndarray]:
+        """One call for several sequences (llama.cpp's batch of several seq ids); `steps` records each
+        call's (seq, start, n) parts, so tests see which positions were evaluated together."""
+        self.steps.append([(seq, start, len(tokens)) for seq, tokens, start in parts])
+        return [self.decode(list(tokens), start, [len(tokens) - 1], seq=seq)[0] for seq, tokens, start in parts]
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        self.seqs[dst][:] = self.seqs[src]
 
     def _kernel_noise(self, prefix: list[int]) -> np.ndarray:
         p2 = prefix[-2] if len(prefix) > 1 else 0

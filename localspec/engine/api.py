@@ -19,14 +19,16 @@ from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
-from localspec.engine.events import Event, Prefill, Round, Tally
+from localspec.engine.answer import Answer
+from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.model import LanguageModel, Vocabulary
+from localspec.engine.parallel import Lane, decode_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
-from localspec.engine.session import ChatTemplate, Message, TextStream
+from localspec.engine.session import ChatTemplate, Message
 from localspec.engine.speculative import Planner, Step, speculate
-from localspec.engine.speedup import PlainRounds, Speedup, SpeedupMeter
+from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
 
 
@@ -119,6 +121,9 @@ class Engine:
     def slot_tokens(self) -> list[int]:
         return [len(slot.tokens) for slot in self.slots]
 
+    def slots_busy(self) -> list[bool]:
+        return [slot.busy for slot in self.slots]
+
     def chat_tokens(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         return self.template.tokens(self.target.vocab, messages, tools)
 
@@ -144,8 +149,32 @@ class Engine:
     ) -> Iterator[Event]:
         """Prefill, then one Round per draft/verify step, then a Summary. With `interject`, a short
         request run while the current generation waits between two rounds (see `_interjection`)."""
-        sampling = sampling or SamplingSettings()
+        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
+                                draft_len, stop, cancel or threading.Event(), interject)
+        return self._interjection(request) if interject else self._generate(request)
+
+    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
+                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+        """One completion of `prompt` per sampling setting (llama.cpp's n_cmpl, OpenAI's n), decoded
+        together (engine/parallel.py, no drafts): (which completion, event), each completion's events
+        those of `generate`. More completions than free slots run in groups, one group after another;
+        with a single free slot they run one after another with `drafter`. `cancel` ends them all,
+        `cancels` (one per completion) each."""
+        if not samplings:
+            raise LocalspecError("Ask for at least one completion.")
+        everyone = cancel or threading.Event()
+        each = list(cancels) if cancels is not None else [threading.Event() for _ in samplings]
         mode = drafter or self.options.drafter
+        requests = [self._request(prompt, max_tokens, sampling, mode, "default", stop, own, interject)
+                    for sampling, own in zip(samplings, each, strict=True)]
+        return self._many(requests, everyone, interject)
+
+    def _request(self, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingSettings, mode: str,
+                 draft_len: int | None | str, stop: Sequence[str], cancel: threading.Event,
+                 interject: bool) -> Request:
+        """A request checked before it takes the engine (a bad one is refused with a clear message)."""
         problem = unavailable_drafter(mode, self.drafters)
         if problem:
             raise LocalspecError(problem)
@@ -166,9 +195,7 @@ class Engine:
             raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
         # A grammar that does not parse is refused here, before the request takes the engine.
         constraint = self.target.vocab.grammar(sampling.grammar) if sampling.grammar is not None else None
-        request = Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel or threading.Event(),
-                          constraint)
-        return self._interjection(request) if interject else self._generate(request)
+        return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, constraint)
 
     @property
     def interjects(self) -> bool:
@@ -176,7 +203,7 @@ class Engine:
         it needs a KV slot of its own."""
         return len(self.slots) > 1
 
-    def _generate(self, request: Request) -> Iterator[Event]:
+    def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
             if not self._maintaining:
                 raise LocalspecError("This engine is already generating; one generation at a time.")
@@ -186,6 +213,9 @@ class Engine:
                     raise LocalspecError("The engine is busy measuring its costs; try again.")
             finally:
                 self._make_way.clear()
+
+    def _generate(self, request: Request) -> Iterator[Event]:
+        self._acquire()
         self._current = request
         try:
             for event in self._run(request, self.planner_for(request.mode, request.fixed, request.max_tokens,
@@ -204,10 +234,7 @@ class Engine:
         consumer, on the same thread, is not asking for the next one): on another KV slot, drafting only
         copies of its own context (a planner of its own: the waiting generation's drafters, their state
         and the draft model's cache stay as they were); costs and measured plain rounds are shared."""
-        current = self._current
-        if current is None or current.kv is None or self._paused_on != threading.get_ident():
-            raise LocalspecError("An interjection runs only between two rounds of a generation, on its thread.")
-        self._paused_on = None  # no interjection inside this one
+        current = self._waiting_generation()
         request.avoid = current.kv
         t0 = time.perf_counter()
         try:
@@ -216,6 +243,75 @@ class Engine:
             self._paused_on = threading.get_ident()
             current.waited_s += time.perf_counter() - t0
             request.close()
+
+    def _waiting_generation(self) -> Request:
+        """The generation an interjection runs beside (it waits between two rounds, on this thread)."""
+        current = self._current
+        if current is None or current.kv is None or self._paused_on != threading.get_ident():
+            raise LocalspecError("An interjection runs only between two rounds of a generation, on its thread.")
+        self._paused_on = None  # no interjection inside this one
+        return current
+
+    def _many(self, requests: list[Request], everyone: threading.Event,
+              interject: bool) -> Iterator[tuple[int, Event]]:
+        current = self._waiting_generation() if interject else None
+        if current is None:
+            self._acquire()
+        t0 = time.perf_counter()
+        try:
+            avoid = current.kv if current is not None else None
+            width = len(self.slots) - (avoid is not None)
+            for first in range(0, len(requests), width):
+                group = requests[first:first + width]
+                if len(group) == 1:  # nothing to decode it with: alone, as `generate` would
+                    request = group[0]
+                    request.avoid = avoid
+                    if everyone.is_set():
+                        request.cancel.set()
+                    planner = self._side_planner(request) if current is not None else self.planner_for(
+                        request.mode, request.fixed, request.max_tokens, request.sampling.replayable)
+                    for event in self._run(request, planner):
+                        yield first, event
+                        if everyone.is_set():
+                            request.cancel.set()
+                else:
+                    yield from self._together(group, first, avoid, everyone)
+        finally:
+            for request in requests:
+                request.close()
+            if current is None:
+                self._lock.release()
+            else:
+                self._paused_on = threading.get_ident()
+                current.waited_s += time.perf_counter() - t0
+
+    def _together(self, group: list[Request], first: int, avoid: KvSequence | None,
+                  everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        """A group of completions of one prompt, one slot each (never `avoid`): the prompt evaluated into
+        the slot holding most of it and copied to the others, then decoded together."""
+        t0 = time.perf_counter()
+        lead = group[0]
+        lead.avoid = avoid
+        prefill = self._prefill(lead, None, t0)
+        assert lead.kv is not None
+        others = sorted((slot for slot in self.slots if slot is not avoid and slot is not lead.kv),
+                        key=lambda slot: slot.last_used)
+        for request, kv in zip(group[1:], others):
+            kv.copy_from(lead.kv)
+            kv.last_used = self._requests
+            kv.busy = True
+            request.kv = kv
+        shared = Prefill(prompt_tokens=prefill.prompt_tokens, evaluated=0, cached=prefill.prompt_tokens,
+                         seconds=prefill.seconds)
+        lanes = []
+        for i, request in enumerate(group):
+            assert request.kv is not None
+            answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
+            lanes.append(Lane(first + i, request, request.kv, list(request.prompt),
+                              Sampler(request.sampling, self._infill_vocab()), answer, everyone,
+                              prefill if i == 0 else shared))
+            yield first + i, lanes[-1].prefill
+        yield from decode_together(lanes, self.cost.plain_tokens_per_s)
 
     def _side_planner(self, request: Request) -> Planner:
         if self._side is None:
@@ -243,48 +339,35 @@ class Engine:
             planner.finish(request.prompt, context[len(request.prompt):])  # also when cancelled: evidence
 
     def _rounds(self, request: Request, context: list[int], planner: Planner) -> Iterator[Event]:
-        max_tokens, stop, cancel = request.max_tokens, request.stop, request.cancel
         t0 = time.perf_counter()
         prefill = self._prefill(request, planner, t0)
         yield prefill
         kv = request.kv
         assert kv is not None  # (set by _prefill)
-
-        sampler, stream, tally = Sampler(request.sampling, self._infill_vocab()), TextStream(stop), Tally()
-        meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
-        first_token_s = 0.0
+        sampler = Sampler(request.sampling, self._infill_vocab())
+        answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
         stop_reason = "cancelled"
         t_start = t_round = time.perf_counter()
         waited = 0.0
-        for step in speculate(kv, context, planner, sampler, cancel, request.constraint):
+        for step in speculate(kv, context, planner, sampler, request.cancel, request.constraint):
             # Time this generation waited for an interjection is not its rounds' (nor its plain baseline's).
             now = time.perf_counter()
             seconds, t_round, waited = now - t_round - (request.waited_s - waited), now, request.waited_s
-            kept, ended = self._within_budget(step, max_tokens - tally.generated)
             context_len = len(context) - step.accepted - 1
-            speedup = meter.add(context_len, seconds, len(kept), bool(step.draft.tokens))
             self._learn(step, context_len)
-            event = self._round(step, kept, ended, stream, tally.rounds, seconds, speedup)
-            ended = ended or ("stop" if stream.stopped else None)
-            tally.add(event)
-            if not first_token_s and event.emitted:
-                first_token_s = time.perf_counter() - t0
+            event, ended = answer.add(step, context_len, seconds, priced=bool(step.draft.tokens))
             yield event
             if ended:
                 stop_reason = ended
                 break
         else:
-            stop_reason = "cancelled" if cancel.is_set() else "context"
+            stop_reason = "cancelled" if request.cancel.is_set() else "context"
         wall = time.perf_counter() - t_start - request.waited_s
-        tail = stream.flush()
-        if tail:
-            # Text held back for a possible stop string that never came: release it as a last round.
-            yield Round(index=tally.rounds, drafter="none", accepted=(), rejected=(), token=None, token_kind="",
-                        accepted_text="", rejected_text="", token_text="", text=tail, draft_s=0.0, verify_s=0.0)
-        yield tally.summary(text=stream.text, stop_reason=stop_reason, prefill=prefill, wall_s=wall,
-                            baseline_tokens_per_s=self.cost.plain_tokens_per_s,
-                            drafter=request.mode if request.fixed is None else f"{request.mode} (fixed {request.fixed})",
-                            first_token_s=first_token_s, kv_tokens=len(kv.tokens))
+        yield from answer.finish(stop_reason, prefill, wall, self.cost.plain_tokens_per_s, request.label,
+                                 len(kv.tokens))
+
+    def _meter(self) -> SpeedupMeter:
+        return SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
 
     def _learn(self, step: Step, context_len: int) -> None:
         """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""
@@ -310,12 +393,13 @@ class Engine:
         oldest = min(range(len(free)), key=lambda j: free[j].last_used)
         return free[oldest], held[oldest]
 
-    def _prefill(self, request: Request, planner: Planner, t0: float) -> Prefill:
+    def _prefill(self, request: Request, planner: Planner | None, t0: float) -> Prefill:
         """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
         one); the longest cached prefix is kept, and with `cache_reuse` the cached runs that moved."""
         prompt = request.prompt
         kv, reuse = self.slot_for(prompt, request.avoid)
         request.kv = self.kv = kv
+        kv.busy = True
         self._requests += 1
         kv.last_used = self._requests
         if self.options.cache_reuse:
@@ -323,61 +407,10 @@ class Engine:
         keep = min(reuse, len(prompt) - 1)
         kv.rewind(keep)
         kv.extend(prompt[keep:-1])
-        planner.prefill(prompt)
+        if planner is not None:
+            planner.prefill(prompt)
         return Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
                        seconds=time.perf_counter() - t0)
-
-    def _within_budget(self, step, room: int) -> tuple[list[int], str | None]:
-        """The round's tokens (accepted draft, then the target's own) up to the end of the answer: an
-        end-of-generation token, or the token budget."""
-        kept: list[int] = []
-        for tok in [*step.draft.tokens[:step.accepted], step.token]:
-            if self.target.vocab.is_eog(tok):
-                return kept, "eog"
-            kept.append(tok)
-            if len(kept) >= room:
-                return kept, "length"
-        return kept, None
-
-    def _round(self, step, kept: list[int], ended: str | None, stream: TextStream, index: int, seconds: float,
-               speedup: Speedup) -> Round:
-        """The round as the front doors see it: what was kept, rejected and supplied, and its text."""
-        vocab = self.target.vocab
-        accepted = tuple(kept[:step.accepted])
-        token = kept[step.accepted] if len(kept) > step.accepted else None
-        rejected = tuple(step.draft.tokens[step.accepted:]) if ended is None or token is not None else ()
-        pieces, shown = [], ""
-        for t in accepted:  # token by token: front doors that apply per-token rules get each token's text
-            decoded, visible = stream.feed(vocab.token_bytes(t))
-            pieces.append(decoded)
-            shown += visible
-        accepted_text = "".join(pieces)
-        rejected_text = stream.piece(b"".join(vocab.token_bytes(t) for t in rejected))
-        token_text = ""
-        if token is not None:
-            token_text, visible = stream.feed(vocab.token_bytes(token))
-            pieces.append(token_text)
-            shown += visible
-        return Round(
-            index=index,
-            drafter=step.draft.source if step.draft.tokens else "none",
-            accepted=accepted,
-            rejected=rejected,
-            token=token,
-            token_kind=step.kind if token is not None else "",
-            accepted_text=accepted_text,
-            rejected_text=rejected_text,
-            token_text=token_text,
-            text=shown,
-            draft_s=step.draft.seconds,
-            verify_s=step.verify_s,
-            evidence=step.draft.evidence,
-            pieces=tuple(pieces),
-            seconds=seconds,
-            speedup=speedup.factor,
-            baseline_tokens_per_s=speedup.baseline_tokens_per_s,
-            baseline_measured=speedup.measured,
-        )
 
     # ------------------------------------------------------------------ between requests
 

@@ -108,6 +108,10 @@ class ServedEngine(ChatEngine, Protocol):
         """Tokens held in each KV slot, by slot id."""
         ...
 
+    def slots_busy(self) -> list[bool]:
+        """Whether a request is generating on each KV slot now, by slot id."""
+        ...
+
     @property
     def interjects(self) -> bool:
         """Whether a short request can run between two rounds of a generation: `generate(interject=True)`
@@ -118,3 +122,29 @@ class ServedEngine(ChatEngine, Protocol):
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
                  cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]: ...
+
+    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
+                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+        """One completion of `prompt` per sampling setting: (which completion, event), each completion's
+        events those of `generate`. `cancel` ends them all, `cancels` each (`one_after_another` for an
+        engine that decodes one sequence at a time)."""
+        ...
+
+
+def one_after_another(engine: ServedEngine, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
+                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+    """`generate_many` by generating each completion in turn."""
+    everyone = cancel or threading.Event()
+    for i, sampling in enumerate(samplings):
+        own = cancels[i] if cancels is not None else threading.Event()
+        if everyone.is_set():
+            own.set()
+        for event in engine.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
+                                     cancel=own, interject=interject):
+            yield i, event
+            if everyone.is_set():
+                own.set()

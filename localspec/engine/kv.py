@@ -30,6 +30,7 @@ class KvSequence:
         self.tokens: list[int] = []
         self.evaluated = 0  # positions run through the model, over this object's life
         self.last_used = -1  # when a request last used it (the engine's request counter)
+        self.busy = False    # a request is generating on it now
 
     @property
     def n_ctx(self) -> int:
@@ -83,5 +84,21 @@ class KvSequence:
             n += common_prefix(self.tokens[n:], prompt[n:])
         return n
 
+    def copy_from(self, other: "KvSequence") -> None:
+        """Hold exactly what `other` holds (a prompt evaluated once, shared by several completions)."""
+        self.model.copy_seq(other.seq, self.seq)
+        self.tokens = list(other.tokens)
+
     def reset(self) -> None:
         self.rewind(0)
+
+
+def extend_together(parts: Sequence[tuple[KvSequence, Sequence[int]]]) -> list[np.ndarray]:
+    """Each sequence's tokens appended in one evaluation (the sequences of one model); the logits after
+    each part's last token."""
+    model = parts[0][0].model
+    rows = model.decode_many([(kv.seq, list(tokens), len(kv.tokens)) for kv, tokens in parts])
+    for kv, tokens in parts:
+        kv.tokens.extend(tokens)
+        kv.evaluated += len(tokens)
+    return rows

@@ -24,6 +24,13 @@ class Request:
     kv: KvSequence | None = None     # the slot holding its context, once prefilled
     waited_s: float = 0.0            # time it waited between two rounds while interjections ran
 
+    @property
+    def label(self) -> str:
+        """The drafter setting as a summary names it."""
+        return self.mode if self.fixed is None else f"{self.mode} (fixed {self.fixed})"
+
     def close(self) -> None:
+        if self.kv is not None:
+            self.kv.busy = False
         if self.constraint is not None:
             self.constraint.close()

@@ -99,7 +99,17 @@ def _verify(target: KvSequence, context: list[int], draft: Draft, sampler: Sampl
     t0 = time.perf_counter()
     logits = target.extend(batch, range(len(batch)))
     verify_s = time.perf_counter() - t0
+    accepted, token = decide(logits, context, draft, sampler, rows, q_next)
+    target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
+    context.extend(draft.tokens[:accepted])
+    context.append(token)
+    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
 
+
+def decide(logits: np.ndarray, context: list[int], draft: Draft, sampler: Sampler, rows: list[Constraint | None],
+           q_next: np.ndarray | None = None) -> tuple[int, int]:
+    """From the verify rows (one per draft token, plus one): how many draft tokens are accepted, and
+    the target's next token. With no draft, a plain round's token."""
     tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
     if sampler.greedy:
         choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i], rows[i]))
@@ -109,13 +119,10 @@ def _verify(target: KvSequence, context: list[int], draft: Draft, sampler: Sampl
         else:
             accepted, token = accept_greedy(draft.tokens, choices)
     else:
-        p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i], rows[i]) for i in range(len(batch))])
+        p = np.stack([sampler.probs(logits[i], tail + draft.tokens[:i], rows[i])
+                      for i in range(len(draft.tokens) + 1)])
         accepted, token = accept_sampled(draft.tokens, p, draft.q, sampler.uniform, sampler.draw, q_next)
-
-    target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
-    context.extend(draft.tokens[:accepted])
-    context.append(token)
-    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
+    return accepted, token
 
 
 class _LazyChoices:

@@ -144,6 +144,7 @@ class Served:
 
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None,
                  grammar: str | None = None) -> SamplingSettings:
+        """`seed`: this completion's own, over the request's (n_cmpl: the request's seed plus its index)."""
         d = SamplingSettings()
         return SamplingSettings(
             temperature=f.temperature if f.temperature is not None else
@@ -152,7 +153,7 @@ class Served:
             top_p=d.top_p if f.top_p is None else f.top_p,
             min_p=d.min_p if f.min_p is None else f.min_p,
             repeat_penalty=d.repeat_penalty if f.repeat_penalty is None else f.repeat_penalty,
-            seed=f.seed if f.seed is not None else seed,
+            seed=seed if seed is not None else f.seed,
             samplers=sampler_chain(getattr(f, "samplers", None)),
             grammar=grammar,
         )
@@ -197,6 +198,8 @@ class Served:
         finally:
             if watcher is not None:
                 watcher.cancel()
+        if job.group:  # (which completion, event): the first completion's prefill comes first
+            first = first[1]
         if not isinstance(first, Prefill):
             raise ApiError(500, "The engine did not start with the prompt.", "server_error")
         return first, events
@@ -225,6 +228,30 @@ async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Su
         if summary is None:
             raise ApiError(500, "The generation ended without a result.", "server_error")
         return summary
+    except (LocalspecError, RuntimeError) as exc:
+        raise api_error(exc) from None
+    finally:
+        watcher.cancel()
+
+
+async def collect_each(request, job: Job, events: AsyncIterator,
+                       on_round: Callable[[int, Round], None]) -> tuple[dict[int, Prefill], dict[int, Summary]]:
+    """`collect` for several completions of one prompt (a `Job.group`): each one's prefill and summary
+    (the first completion's prefill was taken by `Served.start`)."""
+    watcher = asyncio.create_task(guard_disconnect(request, job))
+    prefills: dict[int, Prefill] = {}
+    summaries: dict[int, Summary] = {}
+    try:
+        async for i, event in events:
+            if isinstance(event, Prefill):
+                prefills[i] = event
+            elif isinstance(event, Round):
+                on_round(i, event)
+            elif isinstance(event, Summary):
+                summaries[i] = event
+        if len(summaries) != len(job.group):
+            raise ApiError(500, "The generation ended without a result.", "server_error")
+        return prefills, summaries
     except (LocalspecError, RuntimeError) as exc:
         raise api_error(exc) from None
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from typing import Any, Callable
 
@@ -12,8 +14,8 @@ from pydantic import Field
 from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
-                                     fim_tokens, speculation, stream)
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
+                                     compact, fim_tokens, speculation, stream)
 from localspec.structured import llama_cpp_grammar
 
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's
@@ -74,10 +76,11 @@ def router(served: Served) -> APIRouter:
 
     @api.get("/slots")
     def slots() -> Response:
-        """llama.cpp's /slots, in part: each slot's id, context, and the tokens its cache holds."""
-        busy = served.scheduler.waiting > 0
+        """llama.cpp's /slots, in part: each slot's id, context, whether a request generates on it now,
+        and the tokens its cache holds."""
+        busy = served.engine.slots_busy()
         return Response(compact([{"id": i, "id_task": -1, "n_ctx": served.n_ctx, "speculative": True,
-                                  "is_processing": busy, "n_tokens_cached": n}
+                                  "is_processing": busy[i], "n_tokens_cached": n}
                                  for i, n in enumerate(served.engine.slot_tokens())]),
                         media_type="application/json")
 
@@ -111,25 +114,46 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
         if count > 1:
             raise ApiError(400, "n_cmpl > 1 is not supported with stream; ask for one completion per request.")
         return await _stream(served, request, body, tokens, endpoint, grammar)
-    results = []
-    for i in range(count):
-        job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                         seed=None if body.seed is None else body.seed + i, grammar=grammar,
-                         urgent=endpoint == "infill" and not warm_up)  # (a warm-up only fills a cache)
-        prefill, events = await served.start(job, request)
-        limits = Limits(body.n_indent, body.t_max_predict_ms)
+    if count > 1 and not warm_up:
+        return await _respond_each(served, request, body, tokens, endpoint, grammar, count)
+    job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint, seed=body.seed,
+                     grammar=grammar, urgent=endpoint == "infill" and not warm_up)  # (a warm-up only fills a cache)
+    prefill, events = await served.start(job, request)
+    limits = Limits(body.n_indent, body.t_max_predict_ms)
 
-        def on_round(event: Round) -> None:
-            limits.feed(event)
-            if limits.hit:
-                job.limited = True
-                job.cancel.set()
+    def on_round(event: Round) -> None:
+        limits.feed(event)
+        if limits.hit:
+            job.limited = True
+            job.cancel.set()
 
-        summary = await collect(request, job, events, on_round)
-        content = "" if warm_up else limits.text
-        results.append(_shape(_result(served, content, prefill, summary, limits.hit, warm_up), body.response_fields))
-    body_out = results[0] if count == 1 else results
-    return Response(compact(body_out), media_type="application/json")
+    summary = await collect(request, job, events, on_round)
+    content = "" if warm_up else limits.text
+    result = _shape(_result(served, content, prefill, summary, limits.hit, warm_up), body.response_fields)
+    return Response(compact(result if count == 1 else [result]), media_type="application/json")
+
+
+async def _respond_each(served: Served, request: Request, body: CompletionRequest, tokens: list[int], endpoint: str,
+                        grammar: str | None, count: int) -> Response:
+    """`n_cmpl` completions of one prompt, decoded together (the engine's generate_many): one array."""
+    jobs = [served.job(tokens, body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
+                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=endpoint == "infill")
+            for i in range(count)]
+    whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
+    first, events = await served.start(whole, request)
+    limits = [Limits(body.n_indent, body.t_max_predict_ms) for _ in jobs]
+
+    def on_round(i: int, event: Round) -> None:
+        limits[i].feed(event)
+        if limits[i].hit:
+            jobs[i].limited = True
+            jobs[i].cancel.set()
+
+    prefills, summaries = await collect_each(request, whole, events, on_round)
+    prefills[0] = first
+    results = [_shape({**_result(served, limits[i].text, prefills[i], summaries[i], limits[i].hit, False), "index": i},
+                      body.response_fields) for i in range(count)]
+    return Response(compact(results), media_type="application/json")
 
 
 async def _stream(served: Served, request: Request, body: CompletionRequest, tokens: list[int],

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.errors import LocalspecError
@@ -40,6 +40,10 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     limited: bool = False      # the dialect ended it for an editor limit (n_indent, t_max_predict_ms)
     urgent: bool = False       # latency-bound (a completion at an editor's cursor): runs between another's rounds
+    # Several completions of one prompt (llama.cpp's n_cmpl): each one's job (sampling, cancel, limited),
+    # decoded together by the engine (generate_many); this job's own cancel ends them all, and its
+    # events are (which completion, event).
+    group: list["Job"] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
 
@@ -119,8 +123,9 @@ class Scheduler:
     def running(self) -> int:
         return self._running
 
-    async def generate(self, job: Job) -> AsyncIterator[Prefill | Round | Summary]:
-        """Events of one request. Raises LocalspecError (bad request) before the first event.
+    async def generate(self, job: Job) -> AsyncIterator[Any]:
+        """Events of one request, or (which completion, event) for a `Job.group`. Raises LocalspecError
+        (bad request) before the first event.
 
         Closing the iterator early (a client that disconnected) cancels the generation.
         """
@@ -205,10 +210,13 @@ class Scheduler:
         if job.cancel.is_set():  # the client left while waiting in the queue
             send(_END)
             return
-        prefill = None
         self._running += 1
         try:
             options = {"interject": True} if interject else {}
+            if job.group:
+                self._run_group(job, send, options)
+                return
+            prefill = None
             events = self.engine.generate(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
                                           drafter=job.drafter, draft_len=job.draft_len, stop=job.stop,
                                           cancel=job.cancel, **options)
@@ -230,6 +238,21 @@ class Scheduler:
         finally:
             self._running -= 1
             send(_END)
+
+    def _run_group(self, job: Job, send, options: dict) -> None:
+        """Several completions of one prompt, decoded together; nothing runs between their steps."""
+        group = job.group
+        prefills: dict[int, Prefill] = {}
+        events = self.engine.generate_many(job.tokens, [j.sampling for j in group], max_tokens=job.max_tokens,
+                                           stop=job.stop, drafter=job.drafter, cancel=job.cancel,
+                                           cancels=[j.cancel for j in group], **options)
+        for i, event in events:
+            if isinstance(event, Prefill):
+                prefills[i] = event
+                self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
+            elif isinstance(event, Summary):
+                self.metrics.count(event, prefills.get(i), group[i].limited)
+            send((i, event))
 
     def prometheus(self, model: str) -> str:
         m = self.metrics

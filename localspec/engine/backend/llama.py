@@ -8,6 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import llama_cpp as L
 import numpy as np
@@ -321,6 +322,46 @@ class Model(_Metadata):
                 for row in rows_of[chunk_start + j]:
                     out[row] = logits
         return out
+
+    def decode_many(self, parts: Sequence[tuple[int, list[int], int]]) -> list[np.ndarray]:
+        """Several sequences in one `llama_decode`: each part is (seq, tokens, start), and gets back the
+        logits after its last token. At most n_batch tokens in all (a step of several requests, not a prompt)."""
+        n = sum(len(tokens) for _seq, tokens, _start in parts)
+        if n > self.n_batch or len(parts) > (self.options.n_outputs_max or self.n_batch):
+            raise LocalspecError(f"At most {self.n_batch} tokens in one step of several sequences; {n} asked.")
+        batch = self._batch
+        assert batch is not None, "decode after close()"
+        j, outputs = 0, []
+        for seq, tokens, start in parts:
+            if not tokens:
+                raise ValueError("every sequence of a step evaluates at least one token")
+            if start + len(tokens) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens.")
+            for i, token in enumerate(tokens):
+                batch.token[j] = token
+                batch.pos[j] = start + i
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = seq
+                batch.logits[j] = i == len(tokens) - 1
+                j += 1
+            outputs.append(j - 1)
+        batch.n_tokens = j
+        rc = L.llama_decode(self._ctx, batch)
+        if rc == 1:
+            raise ContextOverflowError(f"The KV cache of {self.path.name} is full.")
+        if rc != 0:
+            raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
+        return [np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy()
+                for i in outputs]
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Make sequence `dst` hold exactly what `src` holds (each sequence has its own cells here, so
+        llama.cpp copies the whole buffer at the next decode: a prompt evaluated once, shared)."""
+        if src == dst:
+            return
+        L.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         """Forget every position >= n_keep of sequence `seq`."""

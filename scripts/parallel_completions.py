@@ -1,0 +1,135 @@
+"""Several completions per request (llama.cpp's `n_cmpl`, as llama.vscode asks) against one, through
+`localspec serve` on the default pair: the time of `n_cmpl` N relative to `n_cmpl` 1, decoded
+together (the server now) and one after another (N requests in turn: what it did before).
+
+    .venv/bin/python scripts/parallel_completions.py                 # --slots 2 (serve's default) and 4
+    .venv/bin/python scripts/parallel_completions.py --slots 4 --trials 6 --json out.json
+
+Each trial asks for a completion at a new place in a file (a prompt no earlier request cached), the
+three ways back to back, the order rotated from trial to trial (order alone moves a figure by up to
+~10% on a 2-core machine). Sampled as llama.vscode asks (temperature 0.8 here, seeded), `--tokens` each,
+no stop. The servers start one after another, never together. The prompts are not the bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS = ["parse_header", "merge_intervals", "flatten", "retry", "slugify", "chunked", "median", "word_count",
+             "is_palindrome", "transpose", "deep_get", "rolling_mean"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(entry: str, slots: int, port: int) -> subprocess.Popen:
+    exe = Path(sys.executable).parent / "localspec"
+    proc = subprocess.Popen([str(exe), "serve", entry, "--port", str(port), "--no-socket", "--slots", str(slots),
+                             "--no-history-drafts"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server ended: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the server did not start within 300 s")
+
+
+def body(trial: int, n: int, tokens: int, seed: int) -> dict:
+    name = FUNCTIONS[trial % len(FUNCTIONS)]
+    prefix = (f"# utils_{trial}.py: small helpers\nimport re\nimport math\n\n\n"
+              f"def {name}(value, *args):\n    \"\"\"{name.replace('_', ' ')} of value.\"\"\"\n    ")
+    return {"input_prefix": prefix, "input_suffix": "\n\n\ndef main():\n    pass\n", "n_predict": tokens,
+            "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": seed, "n_cmpl": n, "cache_prompt": True}
+
+
+def timed(url: str, request: dict) -> tuple[float, list[dict]]:
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/infill", json=request, timeout=600)
+    r.raise_for_status()
+    data = r.json()
+    return time.perf_counter() - t0, data if isinstance(data, list) else [data]
+
+
+def run(entry: str, slots: int, n: int, trials: int, tokens: int) -> list[dict]:
+    port = free_port()
+    proc = start_server(entry, slots, port)
+    url = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        timed(url, body(999, 1, 8, 1))  # warm-up: first-request costs out of the way
+        for trial in range(trials):
+            ways = ["one", "together", "in turn"]
+            ways = ways[trial % 3:] + ways[:trial % 3]
+            row: dict = {"slots": slots, "n": n, "trial": trial, "order": ways}
+            for k, way in enumerate(ways):
+                # each way its own place in the file (a prompt not cached), the same size for all three
+                request = body(trial * 3 + k, 1 if way != "together" else n, tokens, seed=100 + trial)
+                if way == "in turn":
+                    seconds, out = 0.0, []
+                    for i in range(n):
+                        s, got = timed(url, {**request, "seed": 100 + trial + i})
+                        seconds, out = seconds + s, out + got
+                else:
+                    seconds, out = timed(url, request)
+                row[way] = seconds
+                row[f"{way} tokens"] = [c.get("tokens_predicted") for c in out]
+            row["together / one"] = row["together"] / row["one"]
+            row["in turn / one"] = row["in turn"] / row["one"]
+            print(f"slots {slots} trial {trial}: one {row['one']:.2f} s, n_cmpl {n} together {row['together']:.2f} s "
+                  f"({row['together / one']:.2f}x), in turn {row['in turn']:.2f} s ({row['in turn / one']:.2f}x)",
+                  flush=True)
+            rows.append(row)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entry", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--slots", default="2,4")
+    ap.add_argument("--n", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows = []
+    for slots in (int(s) for s in args.slots.split(",")):
+        rows += run(args.entry, slots, args.n, args.trials, args.tokens)
+    print(f"\n| --slots | n_cmpl {args.n} together / n_cmpl 1 (median, min-max) | in turn / n_cmpl 1 |")
+    print("|---|---|---|")
+    for slots in sorted({r["slots"] for r in rows}):
+        mine = [r for r in rows if r["slots"] == slots]
+        a, b = [r["together / one"] for r in mine], [r["in turn / one"] for r in mine]
+        print(f"| {slots} | {statistics.median(a):.2f}x ({min(a):.2f}-{max(a):.2f}) | "
+              f"{statistics.median(b):.2f}x ({min(b):.2f}-{max(b):.2f}) |")
+    if args.json:
+        cpu = " ".join(sorted(set(open("/proc/cpuinfo").read().split()) & {"avx2", "avx512f"})) \
+            if os.path.exists("/proc/cpuinfo") else ""
+        args.json.write_text(json.dumps({"meta": {"entry": args.entry, "n": args.n, "tokens": args.tokens,
+                                                  "cpu_flags": cpu, "cores": os.cpu_count()}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

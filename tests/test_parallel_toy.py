@@ -1,0 +1,118 @@
+"""Several completions of one prompt decoded together (Engine.generate_many), on the toy model: each
+completion is exactly its solo plain completion, the prompt is evaluated once, every step holds each
+unfinished completion's pending token, and no position is evaluated twice (the toy asserts every
+decode starts where its sequence ends)."""
+
+import threading
+
+import pytest
+
+from localspec.engine.adaptive import CostModel
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.events import answer_tokens
+from localspec.engine.sampling import SamplingSettings
+from localspec.errors import LocalspecError
+from toy import ToyModel
+
+COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
+PROMPT = [0, 5, 9, 11, 13, 5, 9]
+
+
+def _engine(slots=3, drafter="ngram"):
+    target = ToyModel(seed=3, n_seq=slots)
+    engine = Engine(target, None, EngineOptions(drafter=drafter, learn_costs=False), cost=CostModel(dict(COST)))
+    return engine, target
+
+
+def _solo(prompt, sampling, max_tokens):
+    engine, _ = _engine(slots=1)
+    return answer_tokens(list(engine.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter="none")))
+
+
+def _by_completion(events, count):
+    out = [[] for _ in range(count)]
+    for i, event in events:
+        out[i].append(event)
+    return out
+
+
+SAMPLED = [SamplingSettings(temperature=0.9, seed=40 + i) for i in range(3)]
+GREEDY = [SamplingSettings(temperature=0.0)] * 3
+
+
+@pytest.mark.parametrize("samplings", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+def test_completions_decoded_together_are_their_solo_completions(samplings):
+    engine, target = _engine()
+    events = list(engine.generate_many(PROMPT, samplings, max_tokens=24))
+    answers = _by_completion(events, 3)
+    for sampling, answer in zip(samplings, answers):
+        assert isinstance(answer[0], Prefill) and isinstance(answer[-1], Summary)
+        assert answer_tokens(answer) == _solo(PROMPT, sampling, 24)
+        assert answer[-1].generated_tokens == len(answer_tokens(answer)) and answer[-1].drafted == 0
+    # The prompt was evaluated once (all but its pending token), then copied: the other sequences
+    # never evaluated it.
+    assert [n for _start, n in target.calls if n > 1] == [len(PROMPT) - 1]
+    assert answers[0][0].evaluated == len(PROMPT) and answers[1][0].evaluated == 0
+    # Every step held each unfinished completion's pending token, one row per sequence.
+    assert target.steps and all(len({seq for seq, _s, _n in step}) == len(step) for step in target.steps)
+    assert all(n == 1 for step in target.steps for _seq, _s, n in step)
+    assert len(target.steps[0]) == 3
+    lengths = sorted(s[-1].generated_tokens for s in answers)
+    assert len(target.steps) == lengths[-1] + (answers[0][-1].stop_reason == "eog")
+
+
+def test_a_completion_that_stops_leaves_the_next_step_and_the_others_go_on():
+    engine, target = _engine()
+    cancels = [threading.Event() for _ in range(3)]
+    per = [[], [], []]
+    for i, event in engine.generate_many(PROMPT, SAMPLED, max_tokens=20, cancels=cancels):
+        per[i].append(event)
+        if i == 1 and sum(isinstance(e, Round) for e in per[1]) == 3:
+            cancels[1].set()  # its editor's limit was hit, say
+    assert per[1][-1].stop_reason == "cancelled" and per[1][-1].generated_tokens == 3
+    for j in (0, 2):
+        assert answer_tokens(per[j]) == _solo(PROMPT, SAMPLED[j], 20)
+    assert [len(step) for step in target.steps[:4]] == [3, 3, 3, 2]
+
+
+def test_more_completions_than_slots_run_in_groups_and_cancel_ends_them_all():
+    engine, target = _engine(slots=2)
+    samplings = [SamplingSettings(temperature=0.9, seed=7 + i) for i in range(5)]
+    answers = _by_completion(list(engine.generate_many(PROMPT, samplings, max_tokens=10, drafter="none")), 5)
+    for sampling, answer in zip(samplings, answers):
+        assert answer_tokens(answer) == _solo(PROMPT, sampling, 10)
+    assert max(len(step) for step in target.steps) == 2
+    everyone = threading.Event()
+    ended = []
+    for i, event in engine.generate_many(PROMPT, samplings[:2], max_tokens=30, cancel=everyone):
+        if isinstance(event, Round) and event.index == 1:
+            everyone.set()  # the client went away
+        if isinstance(event, Summary):
+            ended.append(event.stop_reason)
+    assert ended == ["cancelled", "cancelled"]
+
+
+def test_a_group_interjected_between_rounds_leaves_the_waiting_generation_exact():
+    engine, target = _engine(slots=3)
+    chat = [0, 20, 21, 22, 23, 20, 21]
+    main = engine.generate(chat, max_tokens=40)
+    events = []
+    for event in main:
+        events.append(event)
+        if isinstance(event, Round) and event.index == 2:
+            held = list(target.seqs[0])
+            busy = []
+            group = []
+            for item in engine.generate_many(PROMPT, SAMPLED[:2], max_tokens=8, interject=True):
+                group.append(item)
+                busy.append(engine.slots_busy())
+            group = _by_completion(group, 2)
+            assert [answer_tokens(a) for a in group] == [_solo(PROMPT, s, 8) for s in SAMPLED[:2]]
+            assert target.seqs[0] == held  # the waiting answer's slot was not touched
+            assert busy[2] == [True, True, True] and engine.slots_busy() == [True, False, False]
+    assert engine.slots_busy() == [False, False, False]
+    alone, _ = _engine(slots=1)
+    assert answer_tokens(events) == answer_tokens(list(alone.generate(chat, max_tokens=40)))
+    with pytest.raises(LocalspecError, match="at least one"):
+        engine.generate_many(PROMPT, [])
