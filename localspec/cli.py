@@ -271,6 +271,10 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
               help="KV slots: each request uses the one holding the longest prefix of its prompt, so an editor's "
                    "cache-warming requests do not evict the cache of the completions at the cursor. With 2 or more, "
                    "an editor's completion runs between the rounds of a chat's answer instead of after it.")
+@click.option("--no-join", is_flag=True,
+              help="Make a request that arrives while another generates wait for it to end (by default it joins "
+                   "that generation when a slot is free beyond the one kept for completions: both are decoded in "
+                   "the same steps).")
 @click.option("--no-interject", is_flag=True,
               help="Make an editor's completions wait for the answer being generated to end (by default they run "
                    "between its rounds, on another slot).")
@@ -286,8 +290,8 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
               help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
                    "max_request_mb, 8).")
 @rpc_options
-def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, no_interject, temperature,
-          gpu_layers, cache_reuse, no_history_drafts, max_request_mb, rpc, rpc_allow_public, tensor_split) -> None:
+def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, no_join, no_interject,
+          temperature, gpu_layers, cache_reuse, no_history_drafts, max_request_mb, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -306,6 +310,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
                max_body=int((max_request_mb or config.max_request_mb) * 2**20), interject=not no_interject,
+               join=not no_join,
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

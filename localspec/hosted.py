@@ -239,6 +239,19 @@ class HostedEngine:
                    "stop": tuple(stop)}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())
 
+    @property
+    def joins(self) -> bool:
+        return False
+
+    def join(self, prompt, deliver, *, max_tokens=512, sampling=None, stop=(), cancel=None) -> None:
+        raise LocalspecError("An engine in a child process runs one request at a time.")
+
+    def step_guests(self) -> bool:
+        return False
+
+    def free_slots(self) -> int:
+        return 0
+
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
                       cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,

@@ -36,10 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(entry: str, slots: int, port: int) -> subprocess.Popen:
+def start_server(entry: str, slots: int, port: int, extra: list[str] | None = None) -> subprocess.Popen:
+    """`localspec serve` on loopback (no history drafts: nothing drafts from another run's answers)."""
     exe = Path(sys.executable).parent / "localspec"
     proc = subprocess.Popen([str(exe), "serve", entry, "--port", str(port), "--no-socket", "--slots", str(slots),
-                             "--no-history-drafts"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--no-history-drafts", *(extra or [])], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -92,6 +92,19 @@ class ScriptedEngine:
             raise LocalspecError(problem)
         return self._events(cancel or threading.Event(), max_tokens)
 
+    @property
+    def joins(self) -> bool:
+        return False
+
+    def join(self, prompt, deliver, *, max_tokens=512, sampling=None, stop=(), cancel=None) -> None:
+        raise LocalspecError("The scripted engine runs one request at a time.")
+
+    def step_guests(self) -> bool:
+        return False
+
+    def free_slots(self) -> int:
+        return 0
+
     def generate_many(self, prompt, samplings, *, max_tokens=512, stop=(), drafter=None, cancel=None, cancels=None,
                       interject=False):
         return one_after_another(self, prompt, samplings, max_tokens=max_tokens, stop=stop, drafter=drafter,

@@ -116,3 +116,94 @@ def test_a_group_interjected_between_rounds_leaves_the_waiting_generation_exact(
     assert answer_tokens(events) == answer_tokens(list(alone.generate(chat, max_tokens=40)))
     with pytest.raises(LocalspecError, match="at least one"):
         engine.generate_many(PROMPT, [])
+
+
+# ----------------------------------------------------------------------------- requests joining a generation
+
+
+def _host_engine(slots=3):
+    target = ToyModel(seed=3, n_seq=slots)
+    draft = ToyModel(seed=3, noise_seed=103, noise=1.5)
+    engine = Engine(target, draft, EngineOptions(drafter="auto", learn_costs=False), cost=CostModel(dict(COST)),
+                    draft_cost_s=0.01)
+    return engine, target
+
+
+CHAT = [0, 20, 21, 22, 23, 20, 21]
+OTHER = [0, 30, 2, 3, 17, 30, 2]
+
+
+def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its_solo_answer():
+    engine, target = _host_engine()
+    guests = {"greedy": [], "sampled": []}
+    host = []
+    for event in engine.generate(CHAT, max_tokens=40):
+        host.append(event)
+        rounds = sum(isinstance(e, Round) for e in host)
+        if isinstance(event, Round) and rounds == 2:
+            engine.join(PROMPT, guests["greedy"].append, max_tokens=30)
+            assert isinstance(guests["greedy"][0], Prefill)  # delivered before join returns
+        if isinstance(event, Round) and rounds == 5:
+            engine.join(OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
+    while engine.step_guests():
+        pass
+    alone, _ = _host_engine(slots=1)
+    assert answer_tokens(host) == answer_tokens(list(alone.generate(CHAT, max_tokens=40)))
+    assert answer_tokens(guests["greedy"]) == _solo(PROMPT, SamplingSettings(temperature=0.0), 30)
+    assert answer_tokens(guests["sampled"]) == _solo(OTHER, SAMPLED[0], 12)
+    assert all(isinstance(g[-1], Summary) for g in guests.values())
+    # Steps held two, then three sequences; while shared the host drafted nothing.
+    assert {len(step) for step in target.steps} >= {2, 3}
+    shared = [e for e in host if isinstance(e, Round)][2:5]
+    assert all(e.drafter == "none" and not e.rejected for e in shared)
+    assert engine.free_slots() == 3
+    assert answer_tokens(list(engine.generate(OTHER, max_tokens=4))) == _solo(OTHER, GREEDY[0], 4)  # free again
+
+
+def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_guest_frees_its_slot():
+    engine, target = _host_engine()
+    first, second, third = [], [], []
+    stop_second = threading.Event()
+    for event in engine.generate(CHAT, max_tokens=3):
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1])
+            engine.join(OTHER, second.append, max_tokens=20, cancel=stop_second)
+    assert engine.free_slots() == 1
+    with pytest.raises(LocalspecError, match="already generating"):
+        next(engine.generate(OTHER, max_tokens=2))  # the engine is the guests' until they end
+    steps = 0
+    while engine.step_guests():
+        steps += 1
+        if steps == 2:
+            engine.join(CHAT, third.append, max_tokens=6)  # joins between two of the guests' own steps
+        if steps == 4:
+            stop_second.set()
+    assert second[-1].stop_reason == "cancelled" and second[-1].generated_tokens < 20
+    assert answer_tokens(first) == _solo(PROMPT, SAMPLED[1], 20)
+    assert answer_tokens(third) == _solo(CHAT, GREEDY[0], 6)
+    assert engine.free_slots() == 3
+    assert answer_tokens(list(engine.generate(CHAT, max_tokens=5))) == _solo(CHAT, GREEDY[0], 5)
+
+
+def test_a_join_needs_a_paused_generation_and_a_free_slot_and_an_interjection_takes_a_free_one():
+    engine, target = _host_engine(slots=3)
+    with pytest.raises(LocalspecError, match="joins only between"):
+        engine.join(PROMPT, lambda _e: None)
+    main = engine.generate(CHAT, max_tokens=30)
+    next(main)  # the Prefill: the generation waits between two rounds
+    guest, later = [], []
+    engine.join(PROMPT, guest.append, max_tokens=25)
+    held = list(target.seqs[1])  # the guest's slot (the generation holds slot 0)
+    completion = list(engine.generate(OTHER, max_tokens=6, interject=True))
+    assert answer_tokens(completion) == _solo(OTHER, GREEDY[0], 6)
+    assert target.seqs[1] == held  # the interjection took the third slot, not the guest's
+    engine.join(OTHER, later.append, max_tokens=8)
+    assert engine.free_slots() == 0
+    with pytest.raises(LocalspecError, match="No KV slot"):
+        engine.join(CHAT, lambda _e: None)
+    rest = list(main)
+    while engine.step_guests():
+        pass
+    assert answer_tokens(guest) == _solo(PROMPT, GREEDY[0], 25)
+    assert answer_tokens(later) == _solo(OTHER, GREEDY[0], 8)
+    assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 30)

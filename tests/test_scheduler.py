@@ -121,3 +121,56 @@ def test_completions_take_at_most_their_share_of_a_generating_answer():
     longest = 0.1 * (1 + 12)  # the last one may start with a little allowance left and overrun it by a whole job
     assert completion_s <= URGENT_SHARE * 0.1 * len(span) + URGENT_BURST_S + longest
     assert sum(1 for seq, _t in span if seq == chat_seq) > 0  # the chat went on between them
+
+
+def _four_slot_scheduler(batch: bool = True) -> Scheduler:
+    engine = Engine(SlowToy(seed=3, n_seq=4), ToyModel(seed=3, noise_seed=103, noise=1.5),
+                    EngineOptions(learn_costs=False), cost=CostModel(dict(COST)), draft_cost_s=0.01)
+    return Scheduler(engine, clock=lambda: engine.target.clock, batch=batch)
+
+
+OTHER_CHAT = [0, 8, 9, 10, 8, 9]
+
+
+async def _two_chats(scheduler: Scheduler) -> tuple[list, list, list[str], dict[str, float]]:
+    finished: list[str] = []
+    first_token: dict[str, float] = {}
+
+    async def chat(name: str, prompt: list[int], tokens: int) -> list:
+        events = []
+        async for event in scheduler.generate(Job(prompt, tokens, SamplingSettings(), endpoint="chat")):
+            events.append(event)
+            if name not in first_token and answer_tokens(events):
+                first_token[name] = scheduler.engine.target.clock
+        finished.append(name)
+        return events
+
+    first = asyncio.create_task(chat("first", CHAT, 200))
+    while not scheduler.running:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.02)
+    second = await chat("second", OTHER_CHAT, 20)
+    return await first, second, finished, first_token
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_chat_that_arrives_while_another_generates_joins_it(batch):
+    """With slots to spare, a second chat joins the first's generation (both decoded in the same steps)
+    and finishes first; with --no-join it waits for the whole first answer. Both answers are their
+    solo answers either way."""
+    scheduler = _four_slot_scheduler(batch)
+    try:
+        first, second, finished, first_token = asyncio.run(_two_chats(scheduler))
+    finally:
+        scheduler.close()
+    assert answer_tokens(first) == _plain(CHAT, 200)
+    assert answer_tokens(second) == _plain(OTHER_CHAT, 20)
+    log = scheduler.engine.target.log
+    if batch:
+        assert finished == ["second", "first"] and scheduler.joined == 1
+        assert first_token["second"] < first_token["first"] + 0.1 * 40  # it started while the first generated
+        assert "localspec_joined_total{model=\"toy\"} 1" in scheduler.prometheus("toy")
+        assert {seq for seq, _t in log} >= {0, 1}
+    else:
+        assert finished == ["first", "second"] and scheduler.joined == 0
+    assert scheduler.engine.free_slots() == 4 and scheduler.waiting == 0

@@ -32,6 +32,12 @@ def fim_server(qwen_coder_path):
         yield running
 
 
+@pytest.fixture(scope="module")
+def batch_server(qwen_coder_path):
+    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 4096, slots=4) as running:
+        yield running
+
+
 def post(server, path, body, **kw):
     return httpx.post(server.url + path, json=body, timeout=120, **kw)
 
@@ -65,6 +71,23 @@ def test_openai_sdk_non_streaming_chat_carries_speculation_stats(server):
     assert reply.choices[0].message.content
     extra = reply.model_extra["localspec"]
     assert {"drafted", "accepted", "speedup", "baseline_tokens_per_s"} <= set(extra)
+
+
+def test_openai_sdk_n_choices_are_decoded_together_and_equal_their_single_requests(fim_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=fim_server.url + "/v1", api_key="unused")
+    ask = {"model": "localspec", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 10,
+           "temperature": 1.0, "seed": 3, "extra_body": {"drafter": "none"}}
+    reply = client.chat.completions.create(n=3, **ask)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    alone = [client.chat.completions.create(**{**ask, "seed": 3 + i}) for i in range(3)]
+    assert [c.message.content for c in reply.choices] == [a.choices[0].message.content for a in alone]
+    assert reply.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert reply.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    wire = {k: v for k, v in ask.items() if k != "extra_body"} | {"drafter": "none"}
+    r = httpx.post(fim_server.url + "/v1/chat/completions", json={**wire, "n": 2, "stream": True}, timeout=30)
+    assert r.status_code == 400 and "n > 1" in r.json()["error"]["message"]
 
 
 def test_openai_legacy_completion_with_suffix_is_fim(fim_server):
@@ -198,6 +221,37 @@ def test_an_editor_completion_is_answered_while_a_chat_streams(fim_server):
     alone = post(fim_server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
     assert "".join(streamed) == alone
     assert post(fim_server, "/infill", infill).json()["content"] == completion
+
+
+def test_a_chat_that_arrives_while_another_streams_joins_it_and_finishes_first(batch_server):
+    """Four slots: the second chat joins the first's generation (one llama_decode per step for both)
+    instead of waiting for its whole answer."""
+    long = {"messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}],
+            "max_tokens": 300, "temperature": 0}
+    short = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 16, "temperature": 0}
+    streamed, finished = [], threading.Event()
+
+    def stream_long():
+        with httpx.stream("POST", batch_server.url + "/v1/chat/completions", json={**long, "stream": True},
+                          timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        finished.set()
+
+    before = _metric(batch_server, "joined_total")
+    chatting = threading.Thread(target=stream_long)
+    chatting.start()
+    deadline = time.monotonic() + 60
+    while not "".join(streamed) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reply = post(batch_server, "/v1/chat/completions", short).json()
+    answered_during_chat = not finished.is_set()
+    busy = [s["is_processing"] for s in httpx.get(batch_server.url + "/slots", timeout=10).json()]
+    chatting.join(300)
+    assert answered_during_chat and _metric(batch_server, "joined_total") == before + 1
+    assert reply["choices"][0]["message"]["content"] and reply["usage"]["completion_tokens"] <= 16
+    assert busy.count(True) >= 1 and len("".join(streamed)) > 200
 
 
 def test_infill_without_fim_tokens_is_refused_clearly(server):

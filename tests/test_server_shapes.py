@@ -297,7 +297,7 @@ def test_a_request_whose_client_left_while_it_waited_in_the_queue_is_never_run()
         assert len(engine.calls) == 1  # the first request holds the engine
         with pytest.raises(httpx.TimeoutException):  # the second waits in the queue; its client gives up
             httpx.post(running.url + "/completion", json={"prompt": "b"}, timeout=0.5)
-        queued = served.scheduler._queue.queue  # the jobs waiting behind the running one
+        queued = served.scheduler._jobs  # the jobs waiting behind the running one
         _wait_for(lambda: queued and all(job is not None and job.cancel.is_set() for job in list(queued)),
                   "the server to notice the second client left")
         hold.set()

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
@@ -23,7 +23,7 @@ from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.model import LanguageModel, Vocabulary
-from localspec.engine.parallel import Lane, decode_together
+from localspec.engine.parallel import Guests, Lane, decode_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
@@ -75,6 +75,7 @@ class Engine:
         self._side: Planner | None = None   # interjections' planner (copies only)
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
+        self._guests = Guests(lambda: self.cost.plain_tokens_per_s)  # requests that joined the generation
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -223,11 +224,15 @@ class Engine:
                 self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
                 yield event
                 self._paused_on = None
+        except BaseException:
+            self._guests.drop()  # they cannot go on without it
+            raise
         finally:
             self._paused_on = None
             self._current = None
-            self._lock.release()
             request.close()
+            if not self._guests:  # (guests left: the engine is theirs until step_guests says it is free)
+                self._lock.release()
 
     def _interjection(self, request: Request) -> Iterator[Event]:
         """A short request run to its end while the current generation waits between two rounds (its
@@ -276,6 +281,8 @@ class Engine:
                             request.cancel.set()
                 else:
                     yield from self._together(group, first, avoid, everyone)
+                for request in group:
+                    request.close()  # its slot is free for the next group
         finally:
             for request in requests:
                 request.close()
@@ -313,6 +320,62 @@ class Engine:
             yield first + i, lanes[-1].prefill
         yield from decode_together(lanes, self.cost.plain_tokens_per_s)
 
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> None:
+        """A request decoded together with the running generation from its next step on: called between
+        two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
+        two `step_guests`. Its prompt is evaluated now into a free slot; its events go to `deliver` (its
+        Prefill before this returns), its rounds from inside the running generation's steps. None drafts
+        while several share a step (engine/parallel.py). Raises LocalspecError for a request the engine
+        refuses, or when no slot is free."""
+        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), "none", "default", stop,
+                                cancel or threading.Event(), False)
+        current = self._current
+        paused = current is not None and self._paused_on == threading.get_ident()
+        if not (paused or (current is None and self._guests)):
+            request.close()
+            raise LocalspecError("A request joins only between two rounds of a generation, on its thread.")
+        if not self.free_slots():
+            request.close()
+            raise LocalspecError("No KV slot is free for another request.")
+        t0 = time.perf_counter()
+        try:
+            prefill = self._prefill(request, None, t0)
+        except BaseException:
+            request.close()
+            raise
+        assert request.kv is not None
+        answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
+        self._guests.join(Lane(-1, request, request.kv, list(request.prompt), Sampler(request.sampling,
+                               self._infill_vocab()), answer, request.cancel, prefill, deliver=deliver))
+        if paused and current is not None:
+            current.waited_s += time.perf_counter() - t0
+
+    def step_guests(self) -> bool:
+        """One step of the requests that joined a generation that has ended (each `join` may add one
+        between two steps). False once none is left: the engine is free again."""
+        if self._current is not None or not self._guests:
+            return False
+        try:
+            self._guests.step()
+        except BaseException:
+            self._guests.drop()
+            raise
+        finally:
+            if not self._guests:
+                self._lock.release()
+        return bool(self._guests)
+
+    @property
+    def joins(self) -> bool:
+        """Whether a request can join a running generation (`join`): it needs a KV slot of its own."""
+        return len(self.slots) > 1
+
+    def free_slots(self) -> int:
+        """KV slots no request is generating on."""
+        return sum(not slot.busy for slot in self.slots)
+
     def _side_planner(self, request: Request) -> Planner:
         if self._side is None:
             copies = CopyDrafter(NgramDrafter(ends_copy=self.target.vocab.is_control))
@@ -346,22 +409,41 @@ class Engine:
         assert kv is not None  # (set by _prefill)
         sampler = Sampler(request.sampling, self._infill_vocab())
         answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
-        stop_reason = "cancelled"
+        host = Lane(-1, request, kv, context, sampler, answer, request.cancel, prefill)
+        stop_reason: str | None = None
+        solo: Generator[Step, None, None] | None = None  # the speculative loop, while this answer decodes alone
         t_start = t_round = time.perf_counter()
         waited = 0.0
-        for step in speculate(kv, context, planner, sampler, request.cancel, request.constraint):
-            # Time this generation waited for an interjection is not its rounds' (nor its plain baseline's).
-            now = time.perf_counter()
-            seconds, t_round, waited = now - t_round - (request.waited_s - waited), now, request.waited_s
-            context_len = len(context) - step.accepted - 1
-            self._learn(step, context_len)
-            event, ended = answer.add(step, context_len, seconds, priced=bool(step.draft.tokens))
-            yield event
-            if ended:
-                stop_reason = ended
-                break
-        else:
-            stop_reason = "cancelled" if request.cancel.is_set() else "context"
+        try:
+            while stop_reason is None:
+                if self._guests and request is self._current:  # requests joined it: one decode for all
+                    if solo is not None:
+                        solo.close()
+                        solo = None
+                    stop_reason = host.stops_before_step()
+                    if stop_reason is not None:
+                        break
+                    step, seconds = self._guests.step(host)
+                    assert step is not None
+                    t_round, waited = time.perf_counter(), request.waited_s
+                    event, stop_reason = answer.add(step, len(context) - 1, seconds, priced=True)
+                else:
+                    if solo is None:
+                        solo = speculate(kv, context, planner, sampler, request.cancel, request.constraint)
+                    step = next(solo, None)
+                    if step is None:
+                        stop_reason = "cancelled" if request.cancel.is_set() else "context"
+                        break
+                    # Time this generation waited for an interjection is not its rounds' (nor its plain baseline's).
+                    now = time.perf_counter()
+                    seconds, t_round, waited = now - t_round - (request.waited_s - waited), now, request.waited_s
+                    context_len = len(context) - step.accepted - 1
+                    self._learn(step, context_len)
+                    event, stop_reason = answer.add(step, context_len, seconds, priced=bool(step.draft.tokens))
+                yield event
+        finally:
+            if solo is not None:
+                solo.close()
         wall = time.perf_counter() - t_start - request.waited_s
         yield from answer.finish(stop_reason, prefill, wall, self.cost.plain_tokens_per_s, request.label,
                                  len(kv.tokens))
@@ -385,7 +467,9 @@ class Engine:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
         prompt (llama-server's slot similarity), otherwise the least recently used one; and how many
         of the prompt's tokens it already holds. Never `avoid` (a waiting generation's slot)."""
-        free = [s for s in self.slots if s is not avoid]
+        free = [s for s in self.slots if s is not avoid and not s.busy]
+        if not free:
+            raise LocalspecError("No KV slot is free for another request.")
         held = [common_prefix(s.tokens, prompt) for s in free]
         i = max(range(len(free)), key=lambda j: (held[j], -free[j].last_used))
         if held[i] > 0 and held[i] * 10 >= len(prompt):

@@ -123,6 +123,27 @@ class ServedEngine(ChatEngine, Protocol):
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
                  cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]: ...
 
+    @property
+    def joins(self) -> bool:
+        """Whether a request can join a running generation (`join`, then `step_guests`)."""
+        ...
+
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> None:
+        """Between two rounds of the running generation (on the thread consuming it), or between two
+        `step_guests` once it has ended: this request is decoded in the same steps from then on, its
+        events handed to `deliver`."""
+        ...
+
+    def step_guests(self) -> bool:
+        """One step of the requests that joined a generation that has ended; False when none is left."""
+        ...
+
+    def free_slots(self) -> int:
+        """KV slots no request is generating on."""
+        ...
+
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
                       cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,

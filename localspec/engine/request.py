@@ -29,7 +29,13 @@ class Request:
         """The drafter setting as a summary names it."""
         return self.mode if self.fixed is None else f"{self.mode} (fixed {self.fixed})"
 
+    closed: bool = False
+
     def close(self) -> None:
+        """It ended: its slot is free again (once: the slot may be another request's by a second call)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.kv is not None:
             self.kv.busy = False
         if self.constraint is not None:

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class Step:
 
 
 def speculate(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
-              cancel: threading.Event, constraint: Constraint | None = None) -> Iterator[Step]:
+              cancel: threading.Event, constraint: Constraint | None = None) -> Generator[Step, None, None]:
     """Yield one Step per round until cancelled or the context is full; `context` grows in place.
     With a `constraint` every token follows its grammar (engine/constraint.py), and it advances by the
     tokens each round keeps."""

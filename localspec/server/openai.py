@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
 import uuid
 from typing import Any, Literal
@@ -12,8 +14,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
 from localspec.engine.events import Prefill, Summary
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
-                                     fim_tokens, finish_reason, speculation, stream)
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
+                                     compact, fim_tokens, finish_reason, speculation, stream)
 from localspec.structured import (Call, Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
                                          parse_calls, schema_grammar, template_messages, tools_of)
 
@@ -50,7 +52,7 @@ class ChatRequest(SamplingFields):
     n_predict: int | None = Field(None, ge=-1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=16)
     response_format: dict | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
@@ -67,7 +69,7 @@ class CompletionRequest(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=16)
 
 
 def _text(content) -> str:
@@ -166,8 +168,13 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
                   tools: list[Tool] | None = None, urgent: bool = False) -> Response:
     """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text.
     With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
-    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions", grammar=grammar,
-                     urgent=urgent)
+    endpoint = "chat" if chat else "completions"
+    if body.n > 1:
+        if body.stream:
+            raise ApiError(400, "n > 1 is not supported with stream; ask for one choice per streamed request.")
+        return await _answer_each(served, request, body, tokens, limit, chat=chat, echo=echo, grammar=grammar,
+                                  tools=tools, urgent=urgent)
+    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent)
     prefill, events = await served.start(job, request)
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
@@ -175,21 +182,51 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
         kind = "chat.completion.chunk" if chat else "text_completion"
         return _sse(served, events, prefill, ident, created, kind, usage, chat=chat)
     summary = await collect(request, job, events)
-    content, calls = parse_calls(summary.text, tools or [])
-    finish = "tool_calls" if calls else finish_reason(summary)
     if body.stream:
+        content, calls = parse_calls(summary.text, tools or [])
+        finish = "tool_calls" if calls else finish_reason(summary)
         return _sse_calls(served, prefill, summary, ident, created, usage, content, calls, finish)
+    return JSONResponse({
+        "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
+        "model": served.name, "choices": [_choice(0, summary, tools or [], chat, echo)],
+        "usage": _usage(prefill, summary),
+        "localspec": speculation(summary),
+    })
+
+
+async def _answer_each(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
+                       limit: int | None, *, chat: bool, echo: str, grammar: str | None, tools: list[Tool] | None,
+                       urgent: bool) -> Response:
+    """`n` choices of one prompt, decoded together (the engine's generate_many); the seeds are the
+    request's plus each choice's index."""
+    jobs = [served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions",
+                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent)
+            for i in range(body.n)]
+    whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
+    prefill, events = await served.start(whole, request)
+    _prefills, summaries = await collect_each(request, whole, events, lambda _i, _event: None)
+    generated = sum(s.generated_tokens for s in summaries.values())
+    return JSONResponse({
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+        "model": served.name, "choices": [_choice(i, summaries[i], tools or [], chat, echo) for i in range(body.n)],
+        "usage": {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": generated,
+                  "total_tokens": prefill.prompt_tokens + generated},
+        "localspec": speculation(summaries[0]),
+    })
+
+
+def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: str) -> dict[str, Any]:
+    """One choice of a finished answer: its message (with the tool calls parsed out of it) or text."""
+    content, calls = parse_calls(summary.text, tools)
+    finish = "tool_calls" if calls else finish_reason(summary)
+    if not chat:
+        return {"index": index, "text": echo + summary.text, "logprobs": None, "finish_reason": finish}
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
-    choice: dict[str, Any] = {"index": 0, "message": message} if chat else {"index": 0, "text": echo + summary.text}
-    return JSONResponse({
-        "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-        "model": served.name, "choices": [choice | {"logprobs": None, "finish_reason": finish}],
-        "usage": _usage(prefill, summary),
-        "localspec": speculation(summary),
-    })
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
 
 
 def _sse_calls(served: Served, prefill: Prefill, summary: Summary, ident: str, created: int, usage: bool,

@@ -27,9 +27,10 @@ DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no edito
 
 
 def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float | None = None,
-               interject: bool = True) -> Served:
+               interject: bool = True, join: bool = True) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'.
-    `interject`: an editor's completions run between the rounds of a chat's answer (server/scheduler.py)."""
+    `interject`: an editor's completions run between the rounds of a chat's answer; `join`: a request
+    arriving while another generates joins it when a slot is free (server/scheduler.py)."""
     assert engine.target.path is not None, "a served engine's target is a GGUF file"
     target_path = Path(engine.target.path)
     is_file = is_path(entry_id)
@@ -51,7 +52,8 @@ def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float 
     quant = engine.target.meta("general.file_type") or ""
     if not size and target_path.exists():
         size = target_path.stat().st_size
-    return Served(engine=engine, scheduler=Scheduler(engine, interject), name=name, aliases=frozenset(aliases), size=size,
+    return Served(engine=engine, scheduler=Scheduler(engine, interject, batch=join), name=name,
+                  aliases=frozenset(aliases), size=size,
                   temperature=temperature,
                   family=family, quantization=str(quant), created=int(time.time()))
 
@@ -164,7 +166,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
           cache_reuse: int = 16, flash_attn: bool | None = None, max_body: int | None = None,
-          interject: bool = True) -> None:
+          interject: bool = True, join: bool = True) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -180,7 +182,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
                   slots=slots, history=history, cache_reuse=cache_reuse, flash_attn=flash_attn, **(placement or {}))
     for warning in engine.warnings:
         say(f"warning: {warning}")
-    served = served_for(engine, entry_id, temperature, interject)
+    served = served_for(engine, entry_id, temperature, interject, join)
     app = create_server_app(served, api_key=api_key, any_host=remote,
                             **({"max_body": max_body} if max_body is not None else {}))
     shown = f"[{host}]" if ":" in host else host

@@ -1,5 +1,6 @@
-"""One thread owns the engine; requests take their turn in arrival order, and an editor's completion
-runs between two rounds of whatever is generating.
+"""One thread owns the engine; requests take their turn in arrival order, an editor's completion
+runs between two rounds of whatever is generating, and with slots to spare a request that arrives
+while another generates joins it.
 
 A request's events cross from that thread to the event loop through an asyncio queue. A client that
 goes away sets the request's cancel event, which the engine checks between rounds, so the engine is
@@ -10,6 +11,10 @@ answer to end: the chat pauses between two rounds while it runs on another slot
 (`Engine.generate(interject=True)`), then carries on. Completions may take at most URGENT_SHARE of the
 engine's time while another answer is generated (a token bucket of URGENT_BURST_S), so a chat keeps
 the rest however fast an editor asks; a completion its editor abandoned while it waited never runs.
+A request that arrives while another generates joins it when a slot is free beyond the one kept for
+completions (`Engine.join`): from the next step on both are decoded in one `llama_decode` per step, so
+a second chat starts at once instead of after the first; once the first ends, the others go on
+(`Engine.step_guests`) and what arrives meanwhile joins them.
 When nothing is waiting the thread lets the engine do what it put off for a quiet moment (`maintain`:
 measuring its costs again), which the next request interrupts.
 """
@@ -18,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.events import Prefill, Summary
 from localspec.errors import LocalspecError
 
 
@@ -61,7 +65,6 @@ _END = object()
 # (docs/performance.md, "Completions while a chat streams").
 URGENT_SHARE = 0.3
 URGENT_BURST_S = 1.0
-_WAKE = object()  # an urgent job was queued (they wait in Scheduler._urgent)
 
 
 @dataclass
@@ -95,19 +98,22 @@ class Metrics:
 
 
 class Scheduler:
-    def __init__(self, engine, interject: bool = True, clock=time.monotonic):
+    def __init__(self, engine, interject: bool = True, clock=time.monotonic, batch: bool = True):
         self.engine = engine
         self._clock = clock
         self.metrics = Metrics()
         # The latest requests, newest last: (endpoint, token budget, prompt tokens, of them reused from the cache).
         self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
-        self._queue: queue.Queue = queue.Queue()           # jobs in arrival order, _WAKE, or None (close)
-        self._urgent: collections.deque[Job] = collections.deque()
-        self._wakes = 0  # _WAKE markers in the queue (they are not requests)
-        self._wakes_lock = threading.Lock()
+        self._jobs: collections.deque[Job] = collections.deque()    # waiting, in arrival order
+        self._urgent: collections.deque[Job] = collections.deque()  # waiting latency-bound jobs
+        self._changed = threading.Condition()  # guards both queues; notified when a job arrives or on close
+        self._closing = False
         self.interject = interject and engine.interjects
-        self._running = 0  # jobs running now: one, or two while an urgent one runs between another's rounds
+        self.batch = batch and engine.joins
+        self._running = 0  # jobs generating now (one; more while others run between its rounds or joined it)
+        self._guests: list[Job] = []  # jobs that joined the running generation
         self.interjected = 0  # urgent jobs run between another's rounds so far
+        self.joined = 0       # jobs that joined another's generation so far
         self._allowance = URGENT_BURST_S  # seconds urgent jobs may take now from the answer being generated
         self._allowance_at = clock()
         self.maintenance = ""  # what the engine last did between requests
@@ -117,7 +123,7 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Requests running or waiting."""
-        return self._queue.qsize() - self._wakes + len(self._urgent) + self._running
+        return len(self._jobs) + len(self._urgent) + self._running
 
     @property
     def running(self) -> int:
@@ -132,13 +138,9 @@ class Scheduler:
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
         self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
-        if job.urgent and self.interject:
-            self._urgent.append(job)
-            with self._wakes_lock:
-                self._wakes += 1
-            self._queue.put(_WAKE)
-        else:
-            self._queue.put(job)
+        with self._changed:
+            (self._urgent if job.urgent and self.interject else self._jobs).append(job)
+            self._changed.notify()
         finished = False
         try:
             while True:
@@ -156,25 +158,42 @@ class Scheduler:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking work, let the running generation end, then free the models."""
-        self._queue.put(None)
+        with self._changed:
+            self._closing = True
+            self._changed.notify()
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.engine.close()
 
+    def _next(self, urgent_only: bool = False) -> Job | None:
+        """The next waiting job (latency-bound ones first), taken off its queue."""
+        with self._changed:
+            if self._urgent:
+                return self._urgent.popleft()
+            if self._jobs and not urgent_only:
+                return self._jobs.popleft()
+            return None
+
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _WAKE:
-                with self._wakes_lock:
-                    self._wakes -= 1
-            while self._urgent:  # urgent jobs first
-                self._run(self._urgent.popleft())
-            if item is None:
-                return
-            if item is not _WAKE:
-                self._run(item, between=self._run_urgent)
-            if self._queue.empty() and not self._urgent:
+            with self._changed:
+                while not (self._jobs or self._urgent or self._closing):
+                    self._changed.wait()
+                if self._closing and not (self._jobs or self._urgent):
+                    return
+            job = self._next()
+            if job is None:
+                continue
+            self._run(job, between=None if job.urgent else self._between)
+            if not (self._jobs or self._urgent):
                 self._maintain()
+
+    def _between(self) -> None:
+        """Between two rounds of the running generation: waiting requests join it while slots are free
+        beyond the one kept for completions, then a waiting completion may run."""
+        self._join_waiting(host_running=True)
+        if self._urgent:
+            self._run_urgent()
 
     def _run_urgent(self) -> None:
         """Between two rounds of a generation: run the oldest urgent job still wanted, on another slot,
@@ -184,22 +203,75 @@ class Scheduler:
         now = self._clock()
         self._allowance = min(URGENT_BURST_S, self._allowance + URGENT_SHARE * (now - self._allowance_at))
         self._allowance_at = now
-        if not self._urgent or self._allowance <= 0:
+        if not self._urgent or self._allowance <= 0 or not self._free_slot():
             return
         self.interjected += 1
         self._run(self._urgent.popleft(), interject=True)
         self._allowance -= self._clock() - now
 
+    def _free_slot(self) -> bool:
+        return not self.batch or self.engine.free_slots() > 0
+
+    def _join_waiting(self, host_running: bool) -> None:
+        """The oldest waiting request joins the generation if a slot is free (with `host_running`, beyond
+        the one kept for completions, and completions themselves run between its rounds or wait for it, as
+        --no-interject says). One per step: a joining prompt is evaluated while the others wait, so
+        several at once would pause their streams for all those prompts. Several completions of one
+        prompt (a group) wait for their turn."""
+        keep = 1 if host_running and self.interject else 0
+        if self.batch and self.engine.free_slots() > keep:
+            with self._changed:
+                waiting = [*self._jobs] if host_running else [*self._urgent, *self._jobs]
+                job = next((j for j in waiting if not j.group and not (host_running and j.urgent)), None)
+                if job is None:
+                    return
+                for queued in (self._urgent, self._jobs):
+                    if any(j is job for j in queued):
+                        del queued[next(i for i, j in enumerate(queued) if j is job)]
+            self._join(job)
+
+    def _join(self, job: Job) -> None:
+        send = self._sender(job)
+        if job.cancel.is_set():  # the client left while waiting
+            send(_END)
+            return
+        prefill: list[Prefill] = []
+
+        def deliver(event) -> None:
+            if isinstance(event, Prefill):
+                prefill.append(event)
+                self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
+            send(event)
+            if isinstance(event, Summary):
+                self.metrics.count(event, prefill[0] if prefill else None, job.limited)
+                self._guests.remove(job)
+                self._running -= 1
+                send(_END)
+
+        self._running += 1
+        self._guests.append(job)
+        try:
+            self.engine.join(job.tokens, deliver, max_tokens=job.max_tokens, sampling=job.sampling, stop=job.stop,
+                             cancel=job.cancel)
+            self.joined += 1
+        except Exception as exc:
+            self._guests.remove(job)
+            self._running -= 1
+            self.metrics.errors += 1
+            send(_Failed(exc if isinstance(exc, LocalspecError) else
+                         RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
+            send(_END)
+
     def _maintain(self) -> None:
         try:
-            done = self.engine.maintain(interrupt=lambda: not self._queue.empty() or bool(self._urgent))
+            done = self.engine.maintain(interrupt=lambda: bool(self._jobs or self._urgent))
         except Exception as exc:  # maintenance must never take the server down
             done = f"maintenance failed: {type(exc).__name__}: {exc}"
         if done:
             self.maintenance = done
 
-    def _run(self, job: Job, between=None, interject: bool = False) -> None:
-        """Run one job to its end; `between` is called between its rounds (the engine waits meanwhile)."""
+    @staticmethod
+    def _sender(job: Job):
         loop, events = job.loop, job.events
         assert loop is not None and events is not None  # set by generate() before the job is queued
         put = events.put_nowait
@@ -207,10 +279,17 @@ class Scheduler:
         def send(item) -> None:
             loop.call_soon_threadsafe(put, item)
 
+        return send
+
+    def _run(self, job: Job, between=None, interject: bool = False) -> None:
+        """Run one job to its end; `between` is called between its rounds (the engine waits meanwhile),
+        and after it, while requests that joined it go on."""
+        send = self._sender(job)
         if job.cancel.is_set():  # the client left while waiting in the queue
             send(_END)
             return
         self._running += 1
+        ended = False
         try:
             options = {"interject": True} if interject else {}
             if job.group:
@@ -227,17 +306,29 @@ class Scheduler:
                 elif isinstance(event, Summary):
                     self.metrics.count(event, prefill, job.limited)
                 send(event)
-                if between is not None and self._urgent and not isinstance(event, Summary):
+                if isinstance(event, Summary):  # its client has all it asked for, whoever goes on
+                    ended = True
+                    self._running -= 1
+                    send(_END)
+                elif between is not None and (self._urgent or self._jobs):
                     between()
-        except LocalspecError as exc:
-            self.metrics.errors += 1
-            send(_Failed(exc))
+            while self.engine.step_guests():  # requests that joined it go on; what waits may join them
+                self._join_waiting(host_running=False)
         except Exception as exc:  # keep serving after an engine failure; the client gets a 500
             self.metrics.errors += 1
-            send(_Failed(RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
+            error = exc if isinstance(exc, LocalspecError) else RuntimeError(
+                f"The engine failed: {type(exc).__name__}: {exc}")
+            if not ended:
+                send(_Failed(error))
+            for guest in list(self._guests):  # (the engine let go of them)
+                self._guests.remove(guest)
+                self._running -= 1
+                self._sender(guest)(_Failed(error))
+                self._sender(guest)(_END)
         finally:
-            self._running -= 1
-            send(_END)
+            if not ended:
+                self._running -= 1
+                send(_END)
 
     def _run_group(self, job: Job, send, options: dict) -> None:
         """Several completions of one prompt, decoded together; nothing runs between their steps."""
@@ -283,6 +374,8 @@ class Scheduler:
                "rounds).", self.running)
         metric("interjected_total", "counter", "Completions run between the rounds of another generation.",
                self.interjected)
+        metric("joined_total", "counter", "Requests that joined another's generation (decoded in the same steps).",
+               self.joined)
         lines += ["# HELP localspec_slot_tokens Tokens held in each KV slot (what a request with that prefix reuses).",
                   "# TYPE localspec_slot_tokens gauge",
                   *[f'localspec_slot_tokens{{{label},slot="{i}"}} {n}'

@@ -1,0 +1,118 @@
+"""N chat clients asking `localspec serve` at the same moment, against one chat alone: aggregate
+tokens/s and every client's time to first token, with requests joining the running generation (the
+server now) and with --no-join (each waits for the one before: what it did before).
+
+    .venv/bin/python scripts/chats_at_once.py                          # 4 chats, --slots 5, 2 trials
+    .venv/bin/python scripts/chats_at_once.py --clients 4 --slots 5 --trials 3 --json out.json
+
+Each server configuration starts in turn (never two at once), the order of configurations reversed
+on every other trial; per trial: one chat alone, then N at once (streamed OpenAI chat completions,
+greedy, `--tokens` each). A slot is kept for editor completions, so N chats at once need N + 1
+slots. The questions are not the bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parallel_completions import free_port, start_server  # noqa: E402
+
+QUESTIONS = [
+    "Explain how a hash map handles collisions, with an example in Python.",
+    "What are the trade-offs between threads and async I/O in a web server?",
+    "Describe how git rebase differs from git merge, and when to use each.",
+    "How does a B-tree keep lookups fast as a database grows?",
+    "Write a short guide to writing good commit messages.",
+    "What happens, step by step, when you type a URL into a browser?",
+]
+
+
+def chat(url: str, question: str, tokens: int, out: dict, t0: float) -> None:
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    first = None
+    generated = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            data = json.loads(line[6:])
+            if first is None and data.get("choices") and data["choices"][0]["delta"].get("content"):
+                first = time.perf_counter() - t0
+            if data.get("usage"):
+                generated = data["usage"]["completion_tokens"]
+    out.update(first_token_s=first, done_s=time.perf_counter() - t0, tokens=generated)
+
+
+def at_once(url: str, questions: list[str], tokens: int) -> list[dict]:
+    results: list[dict] = [{} for _ in questions]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=chat, args=(url, q, tokens, results[i], t0)) for i, q in enumerate(questions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def run(entry: str, slots: int, join: bool, clients: int, tokens: int, trial: int) -> dict:
+    port = free_port()
+    proc = start_server(entry, slots, port, extra=[] if join else ["--no-join"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        at_once(url, QUESTIONS[-1:], 8)  # warm-up
+        alone = at_once(url, QUESTIONS[trial % len(QUESTIONS):][:1], tokens)[0]
+        many = at_once(url, [QUESTIONS[(trial + i) % len(QUESTIONS)] for i in range(clients)], tokens)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    wall = max(r["done_s"] for r in many)
+    row = {"join": join, "slots": slots, "trial": trial, "alone_tokens_per_s": alone["tokens"] / alone["done_s"],
+           "alone_first_token_s": alone["first_token_s"],
+           "aggregate_tokens_per_s": sum(r["tokens"] for r in many) / wall,
+           "first_tokens_s": [r["first_token_s"] for r in many], "clients": many}
+    row["aggregate / alone"] = row["aggregate_tokens_per_s"] / row["alone_tokens_per_s"]
+    print(f"{'join' if join else 'no-join'} trial {trial}: alone {row['alone_tokens_per_s']:.1f} tok/s; "
+          f"{clients} at once "
+          f"{row['aggregate_tokens_per_s']:.1f} tok/s in all ({row['aggregate / alone']:.2f}x), first tokens "
+          f"{', '.join(f'{s:.1f}' for s in row['first_tokens_s'])} s", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entry", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows = []
+    for trial in range(args.trials):
+        for join in ((True, False) if trial % 2 == 0 else (False, True)):
+            rows.append(run(args.entry, args.slots, join, args.clients, args.tokens, trial))
+    print(f"\n| {args.clients} chats at once | aggregate tok/s (x one alone) | first token median / worst |")
+    print("|---|---|---|")
+    for join in (True, False):
+        mine = [r for r in rows if r["join"] == join]
+        firsts = [s for r in mine for s in r["first_tokens_s"]]
+        print(f"| {'joining (now)' if join else '--no-join (before)'} | "
+              f"{statistics.median(r['aggregate_tokens_per_s'] for r in mine):.1f} "
+              f"({statistics.median(r['aggregate / alone'] for r in mine):.2f}x) | "
+              f"{statistics.median(firsts):.1f} s / {max(firsts):.1f} s |")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
