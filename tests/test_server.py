@@ -184,6 +184,35 @@ def _metric(server, name: str) -> float:
     return float(re.search(rf"^localspec_{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
 
 
+class StreamingChat:
+    """A chat streaming from `server` in a thread; `start()` returns once its first text has arrived."""
+
+    def __init__(self, server, body: dict):
+        self.server, self.body = server, body
+        self.streamed: list[str] = []
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._stream)
+
+    def _stream(self) -> None:
+        with httpx.stream("POST", self.server.url + "/v1/chat/completions", json={**self.body, "stream": True},
+                          timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    self.streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        self.finished.set()
+
+    def start(self) -> "StreamingChat":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self
+
+    @property
+    def text(self) -> str:
+        return "".join(self.streamed)
+
+
 def test_an_editor_completion_is_answered_while_a_chat_streams(fim_server):
     """The completion runs between two rounds of the chat's answer (not after it), and neither answer
     changes: both equal the same requests asked one after the other."""
@@ -191,35 +220,21 @@ def test_an_editor_completion_is_answered_while_a_chat_streams(fim_server):
             "max_tokens": 200, "temperature": 0}
     infill = {"input_prefix": "def mean(xs):\n    ", "input_suffix": "\n", "n_predict": 24, "temperature": 0,
               "cache_prompt": True}
-    streamed, finished = [], threading.Event()
-
-    def stream_chat():
-        with httpx.stream("POST", fim_server.url + "/v1/chat/completions", json={**chat, "stream": True},
-                          timeout=120) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
-        finished.set()
-
     before = _metric(fim_server, "interjected_total")
-    chatting = threading.Thread(target=stream_chat)
-    chatting.start()
-    deadline = time.monotonic() + 60
-    while not "".join(streamed) and time.monotonic() < deadline:  # the chat is streaming
-        time.sleep(0.01)
+    chatting = StreamingChat(fim_server, chat).start()
     busy = [s["is_processing"] for s in httpx.get(fim_server.url + "/slots", timeout=10).json()]
     completion = post(fim_server, "/infill", infill).json()["content"]
-    answered_during_chat = not finished.is_set()
-    chatting.join(120)
+    answered_during_chat = not chatting.finished.is_set()
+    chatting.thread.join(120)
     assert answered_during_chat and _metric(fim_server, "interjected_total") == before + 1
     assert busy.count(True) == 1  # /slots: the chat's slot, not the other
     deadline = time.monotonic() + 10  # (the engine lets go of a slot just after its last event is sent)
     while any(s["is_processing"] for s in httpx.get(fim_server.url + "/slots", timeout=10).json()):
         assert time.monotonic() < deadline, "a slot still reads busy after every request ended"
         time.sleep(0.05)
-    assert len("".join(streamed)) > 200  # (a long answer: the completion arrived in its middle)
+    assert len(chatting.text) > 200  # (a long answer: the completion arrived in its middle)
     alone = post(fim_server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
-    assert "".join(streamed) == alone
+    assert chatting.text == alone
     assert post(fim_server, "/infill", infill).json()["content"] == completion
 
 
@@ -229,29 +244,15 @@ def test_a_chat_that_arrives_while_another_streams_joins_it_and_finishes_first(b
     long = {"messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}],
             "max_tokens": 300, "temperature": 0}
     short = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 16, "temperature": 0}
-    streamed, finished = [], threading.Event()
-
-    def stream_long():
-        with httpx.stream("POST", batch_server.url + "/v1/chat/completions", json={**long, "stream": True},
-                          timeout=300) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
-        finished.set()
-
     before = _metric(batch_server, "joined_total")
-    chatting = threading.Thread(target=stream_long)
-    chatting.start()
-    deadline = time.monotonic() + 60
-    while not "".join(streamed) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    chatting = StreamingChat(batch_server, long).start()
     reply = post(batch_server, "/v1/chat/completions", short).json()
-    answered_during_chat = not finished.is_set()
+    answered_during_chat = not chatting.finished.is_set()
     busy = [s["is_processing"] for s in httpx.get(batch_server.url + "/slots", timeout=10).json()]
-    chatting.join(300)
+    chatting.thread.join(300)
     assert answered_during_chat and _metric(batch_server, "joined_total") == before + 1
     assert reply["choices"][0]["message"]["content"] and reply["usage"]["completion_tokens"] <= 16
-    assert busy.count(True) >= 1 and len("".join(streamed)) > 200
+    assert busy.count(True) >= 1 and len(chatting.text) > 200
 
 
 def test_infill_without_fim_tokens_is_refused_clearly(server):
