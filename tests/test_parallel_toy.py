@@ -207,3 +207,21 @@ def test_a_join_needs_a_paused_generation_and_a_free_slot_and_an_interjection_ta
     assert answer_tokens(guest) == _solo(PROMPT, GREEDY[0], 25)
     assert answer_tokens(later) == _solo(OTHER, GREEDY[0], 8)
     assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 30)
+
+
+def test_completions_interjected_beside_a_guest_take_only_free_slots():
+    engine, target = _host_engine(slots=4)
+    main = engine.generate(CHAT, max_tokens=20)
+    next(main)
+    guest = []
+    engine.join(OTHER, guest.append, max_tokens=15)
+    guest_slot = next(i for i, busy in enumerate(engine.slots_busy()) if busy and i != 0)
+    held = list(target.seqs[guest_slot])
+    group = _by_completion(list(engine.generate_many(PROMPT, SAMPLED, max_tokens=6, drafter="none",
+                                                     interject=True)), 3)
+    assert target.seqs[guest_slot] == held  # three completions, two free slots: never the guest's
+    assert [answer_tokens(a) for a in group] == [_solo(PROMPT, s, 6) for s in SAMPLED]
+    rest = list(main)
+    while engine.step_guests():
+        pass
+    assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 20) and answer_tokens(guest) == _solo(OTHER, GREEDY[0], 15)

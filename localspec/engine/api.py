@@ -240,7 +240,6 @@ class Engine:
         copies of its own context (a planner of its own: the waiting generation's drafters, their state
         and the draft model's cache stay as they were); costs and measured plain rounds are shared."""
         current = self._waiting_generation()
-        request.avoid = current.kv
         t0 = time.perf_counter()
         try:
             yield from self._run(request, self._side_planner(request))
@@ -264,13 +263,13 @@ class Engine:
             self._acquire()
         t0 = time.perf_counter()
         try:
-            avoid = current.kv if current is not None else None
-            width = len(self.slots) - (avoid is not None)
+            width = self.free_slots()  # (not the waiting generation's, nor those of requests that joined it)
+            if width == 0:
+                raise LocalspecError("No KV slot is free for another request.")
             for first in range(0, len(requests), width):
                 group = requests[first:first + width]
                 if len(group) == 1:  # nothing to decode it with: alone, as `generate` would
                     request = group[0]
-                    request.avoid = avoid
                     if everyone.is_set():
                         request.cancel.set()
                     planner = self._side_planner(request) if current is not None else self.planner_for(
@@ -280,7 +279,7 @@ class Engine:
                         if everyone.is_set():
                             request.cancel.set()
                 else:
-                    yield from self._together(group, first, avoid, everyone)
+                    yield from self._together(group, first, everyone)
                 for request in group:
                     request.close()  # its slot is free for the next group
         finally:
@@ -292,17 +291,14 @@ class Engine:
                 self._paused_on = threading.get_ident()
                 current.waited_s += time.perf_counter() - t0
 
-    def _together(self, group: list[Request], first: int, avoid: KvSequence | None,
-                  everyone: threading.Event) -> Iterator[tuple[int, Event]]:
-        """A group of completions of one prompt, one slot each (never `avoid`): the prompt evaluated into
+    def _together(self, group: list[Request], first: int, everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        """A group of completions of one prompt, one free slot each: the prompt evaluated into
         the slot holding most of it and copied to the others, then decoded together."""
         t0 = time.perf_counter()
         lead = group[0]
-        lead.avoid = avoid
         prefill = self._prefill(lead, None, t0)
         assert lead.kv is not None
-        others = sorted((slot for slot in self.slots if slot is not avoid and slot is not lead.kv),
-                        key=lambda slot: slot.last_used)
+        others = sorted((slot for slot in self.slots if not slot.busy), key=lambda slot: slot.last_used)
         for request, kv in zip(group[1:], others):
             kv.copy_from(lead.kv)
             kv.last_used = self._requests
@@ -463,11 +459,12 @@ class Engine:
         vocab = self.target.vocab
         return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
 
-    def slot_for(self, prompt: Sequence[int], avoid: KvSequence | None = None) -> tuple[KvSequence, int]:
+    def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
         """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
         prompt (llama-server's slot similarity), otherwise the least recently used one; and how many
-        of the prompt's tokens it already holds. Never `avoid` (a waiting generation's slot)."""
-        free = [s for s in self.slots if s is not avoid and not s.busy]
+        of the prompt's tokens it already holds. Never a slot a request is generating on (a generation
+        waiting between two rounds, or one that joined it)."""
+        free = [s for s in self.slots if not s.busy]
         if not free:
             raise LocalspecError("No KV slot is free for another request.")
         held = [common_prefix(s.tokens, prompt) for s in free]
@@ -481,7 +478,7 @@ class Engine:
         """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
         one); the longest cached prefix is kept, and with `cache_reuse` the cached runs that moved."""
         prompt = request.prompt
-        kv, reuse = self.slot_for(prompt, request.avoid)
+        kv, reuse = self.slot_for(prompt)
         request.kv = self.kv = kv
         kv.busy = True
         self._requests += 1

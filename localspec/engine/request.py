@@ -20,7 +20,6 @@ class Request:
     stop: tuple[str, ...]
     cancel: threading.Event
     constraint: Constraint | None    # the grammar's state, advanced by what each round keeps
-    avoid: KvSequence | None = None  # a slot it must not take (the generation an interjection waits on)
     kv: KvSequence | None = None     # the slot holding its context, once prefilled
     waited_s: float = 0.0            # time it waited between two rounds while interjections ran
 

@@ -165,14 +165,12 @@ class Scheduler:
         if not self._thread.is_alive():
             self.engine.close()
 
-    def _next(self, urgent_only: bool = False) -> Job | None:
+    def _next(self) -> Job | None:
         """The next waiting job (latency-bound ones first), taken off its queue."""
         with self._changed:
             if self._urgent:
                 return self._urgent.popleft()
-            if self._jobs and not urgent_only:
-                return self._jobs.popleft()
-            return None
+            return self._jobs.popleft() if self._jobs else None
 
     def _work(self) -> None:
         while True:
@@ -320,7 +318,7 @@ class Scheduler:
                 f"The engine failed: {type(exc).__name__}: {exc}")
             if not ended:
                 send(_Failed(error))
-            for guest in list(self._guests):  # (the engine let go of them)
+            for guest in list(self._guests) if between is not None else []:  # (it failed: the engine let go of them)
                 self._guests.remove(guest)
                 self._running -= 1
                 self._sender(guest)(_Failed(error))
