@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from localspec import errors, paths
 from localspec.engine.api import Engine
-from localspec.engine.contract import one_after_another
+from localspec.engine.contract import OneRequestAtATime
 from localspec.engine.events import Event, Summary
 from localspec.engine.model import Vocabulary
 from localspec.engine.sampling import SamplingSettings
@@ -111,8 +111,10 @@ def _last_words(log: Path) -> str:
     return said[-1].strip()[:200] if said else ""
 
 
-class HostedEngine:
+class HostedEngine(OneRequestAtATime):
     """A `ServedEngine` whose engine runs in a child process (see the module's docstring)."""
+
+    message = "An engine in a child process runs one request at a time."
 
     def __init__(self, opener: Callable[[], Engine], target_path: Path, workers: list[str]):
         """`opener`: a picklable callable (a `functools.partial` of a module-level function) that loads
@@ -238,26 +240,6 @@ class HostedEngine:
         options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
                    "stop": tuple(stop)}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())
-
-    @property
-    def joins(self) -> bool:
-        return False
-
-    def join(self, prompt, deliver, *, max_tokens=512, sampling=None, stop=(), cancel=None) -> None:
-        raise LocalspecError("An engine in a child process runs one request at a time.")
-
-    def step_guests(self) -> bool:
-        return False
-
-    def free_slots(self) -> int:
-        return 0
-
-    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
-                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
-                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
-                      interject: bool = False) -> Iterator[tuple[int, Event]]:
-        return one_after_another(self, prompt, samplings, max_tokens=max_tokens, stop=stop, drafter=drafter,
-                                 cancel=cancel, cancels=cancels, interject=interject)
 
     def _stream(self, prompt, options: dict[str, Any], cancel: threading.Event) -> Iterator[Event]:
         if not self._lock.acquire(blocking=False):

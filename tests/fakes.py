@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from localspec.engine.events import Prefill, Round, Tally
-from localspec.engine.contract import (ChatEngine, ServedEngine, available_drafters, one_after_another,
+from localspec.engine.contract import (ChatEngine, OneRequestAtATime, ServedEngine, available_drafters,
                                        unavailable_drafter)
 from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.tui.provider import Choice
@@ -38,7 +38,7 @@ class ScriptedVocab:
 
 
 @dataclass
-class ScriptedEngine:
+class ScriptedEngine(OneRequestAtATime):
     """Implements `ChatEngine` and `ServedEngine` (localspec.engine.contract); mypy checks it does
     (tests/test_layers.py)."""
 
@@ -91,24 +91,6 @@ class ScriptedEngine:
         if problem:
             raise LocalspecError(problem)
         return self._events(cancel or threading.Event(), max_tokens)
-
-    @property
-    def joins(self) -> bool:
-        return False
-
-    def join(self, prompt, deliver, *, max_tokens=512, sampling=None, stop=(), cancel=None) -> None:
-        raise LocalspecError("The scripted engine runs one request at a time.")
-
-    def step_guests(self) -> bool:
-        return False
-
-    def free_slots(self) -> int:
-        return 0
-
-    def generate_many(self, prompt, samplings, *, max_tokens=512, stop=(), drafter=None, cancel=None, cancels=None,
-                      interject=False):
-        return one_after_another(self, prompt, samplings, max_tokens=max_tokens, stop=stop, drafter=drafter,
-                                 cancel=cancel, cancels=cancels, interject=interject)
 
     def _events(self, cancel, max_tokens=512):
         yield Prefill(prompt_tokens=10, evaluated=10, cached=0, seconds=0.01)

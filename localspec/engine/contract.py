@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event
+from localspec.errors import LocalspecError
 
 if TYPE_CHECKING:
     from localspec.engine.model import InfillTokenizer
@@ -149,23 +150,45 @@ class ServedEngine(ChatEngine, Protocol):
                       cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
                       interject: bool = False) -> Iterator[tuple[int, Event]]:
         """One completion of `prompt` per sampling setting: (which completion, event), each completion's
-        events those of `generate`. `cancel` ends them all, `cancels` each (`one_after_another` for an
+        events those of `generate`. `cancel` ends them all, `cancels` each (`OneRequestAtATime` for an
         engine that decodes one sequence at a time)."""
         ...
 
 
-def one_after_another(engine: ServedEngine, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+class OneRequestAtATime:
+    """What `ServedEngine` asks beyond one generation at a time, for an engine that decodes one sequence at
+    a time (the hosted engine, the tests' scripted one): nothing joins, and several completions of one
+    prompt are generated in turn."""
+
+    message = "This engine runs one request at a time."
+
+    @property
+    def joins(self) -> bool:
+        return False
+
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
+             cancel: threading.Event | None = None) -> None:
+        raise LocalspecError(self.message)
+
+    def step_guests(self) -> bool:
+        return False
+
+    def free_slots(self) -> int:
+        return 0
+
+    def generate_many(self: ServedEngine, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
                       cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
                       interject: bool = False) -> Iterator[tuple[int, Event]]:
-    """`generate_many` by generating each completion in turn."""
-    everyone = cancel or threading.Event()
-    for i, sampling in enumerate(samplings):
-        own = cancels[i] if cancels is not None else threading.Event()
-        if everyone.is_set():
-            own.set()
-        for event in engine.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
-                                     cancel=own, interject=interject):
-            yield i, event
+        """Each completion generated in turn."""
+        everyone = cancel or threading.Event()
+        for i, sampling in enumerate(samplings):
+            own = cancels[i] if cancels is not None else threading.Event()
             if everyone.is_set():
                 own.set()
+            for event in self.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
+                                       cancel=own, interject=interject):
+                yield i, event
+                if everyone.is_set():
+                    own.set()
