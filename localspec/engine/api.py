@@ -308,11 +308,7 @@ class Engine:
                          seconds=prefill.seconds)
         lanes = []
         for i, request in enumerate(group):
-            assert request.kv is not None
-            answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
-            lanes.append(Lane(first + i, request, request.kv, list(request.prompt),
-                              Sampler(request.sampling, self._infill_vocab()), answer, everyone,
-                              prefill if i == 0 else shared))
+            lanes.append(self._lane(request, prefill if i == 0 else shared, t0, index=first + i, everyone=everyone))
             yield first + i, lanes[-1].prefill
         yield from decode_together(lanes, self.cost.plain_tokens_per_s)
 
@@ -341,10 +337,7 @@ class Engine:
         except BaseException:
             request.close()
             raise
-        assert request.kv is not None
-        answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
-        self._guests.join(Lane(-1, request, request.kv, list(request.prompt), Sampler(request.sampling,
-                               self._infill_vocab()), answer, request.cancel, prefill, deliver=deliver))
+        self._guests.join(self._lane(request, prefill, t0, deliver=deliver))
         if paused and current is not None:
             current.waited_s += time.perf_counter() - t0
 
@@ -401,11 +394,8 @@ class Engine:
         t0 = time.perf_counter()
         prefill = self._prefill(request, planner, t0)
         yield prefill
-        kv = request.kv
-        assert kv is not None  # (set by _prefill)
-        sampler = Sampler(request.sampling, self._infill_vocab())
-        answer = Answer(self.target.vocab, request.max_tokens, request.stop, self._meter(), t0)
-        host = Lane(-1, request, kv, context, sampler, answer, request.cancel, prefill)
+        host = self._lane(request, prefill, t0, context=context)
+        kv, sampler, answer = host.kv, host.sampler, host.answer
         stop_reason: str | None = None
         solo: Generator[Step, None, None] | None = None  # the speculative loop, while this answer decodes alone
         t_start = t_round = time.perf_counter()
@@ -444,8 +434,17 @@ class Engine:
         yield from answer.finish(stop_reason, prefill, wall, self.cost.plain_tokens_per_s, request.label,
                                  len(kv.tokens))
 
-    def _meter(self) -> SpeedupMeter:
-        return SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
+    def _lane(self, request: Request, prefill: Prefill, t0: float, *, index: int = -1,
+              context: list[int] | None = None, everyone: threading.Event | None = None,
+              deliver: Callable[[Event], None] | None = None) -> Lane:
+        """A prefilled request's sequence: its slot, context (the prompt's, unless given), sampler and
+        answer (time to its first token counted from `t0`); `everyone` cancels its group."""
+        assert request.kv is not None  # (set by _prefill)
+        meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
+        return Lane(index, request, request.kv, list(request.prompt) if context is None else context,
+                    Sampler(request.sampling, self._infill_vocab()),
+                    Answer(self.target.vocab, request.max_tokens, request.stop, meter, t0),
+                    everyone or request.cancel, prefill, deliver=deliver)
 
     def _learn(self, step: Step, context_len: int) -> None:
         """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""
