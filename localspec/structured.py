@@ -86,8 +86,9 @@ def check_template(template: str) -> None:
                             "Qwen2.5's <tool_call> calls); send the request without tools.")
 
 
-def call_grammar(tools: list[Tool], only: str | None = None) -> str:
-    """One call of one of `tools` (or of the tool named `only`), in the template's call format."""
+def call_grammar(tools: list[Tool], only: str | None = None, several: bool = False) -> str:
+    """One call of one of `tools` (or of the tool named `only`), in the template's call format;
+    `several`: one or more calls, a line apart (parallel tool calls)."""
     chosen = [t for t in tools if only is None or t.name == only]
     if not chosen:
         raise LocalspecError(f"tool_choice names '{only}', which is not among the tools.")
@@ -95,7 +96,9 @@ def call_grammar(tools: list[Tool], only: str | None = None) -> str:
               "required": ["name", "arguments"]} for t in chosen]
     schema = calls[0] if len(calls) == 1 else {"oneOf": calls}
     body = schema_grammar(schema, "tools", root="call")
-    return body.rstrip("\n") + f'\nroot ::= "{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"\n'
+    block = f'"{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"'
+    root = f'{block} ("\\n" {block})*' if several else block
+    return body.rstrip("\n") + f"\nroot ::= {root}\n"
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,11 @@ def _call(text: str, known: set[str]) -> Call | None:
         return None
     if not isinstance(data, dict) or data.get("name") not in known or not isinstance(data.get("arguments", {}), dict):
         return None
-    return Call(f"call_{uuid.uuid4().hex[:24]}", data["name"], data.get("arguments", {}))
+    return Call(new_call_id(), data["name"], data.get("arguments", {}))
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

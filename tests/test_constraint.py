@@ -108,7 +108,7 @@ def test_the_grammar_state_follows_only_what_each_round_keeps():
     grammar = ToyVocab(48).grammar(alternating(length=20))
     seen = []
     original = engine.target.vocab.grammar
-    engine.target.vocab.grammar = lambda text: seen.append(grammar) or grammar  # type: ignore[method-assign]
+    engine.target.vocab.grammar = lambda text, trigger=None: seen.append(grammar) or grammar  # type: ignore[method-assign]
     events = list(engine.generate([0, 6, 9], max_tokens=30, sampling=SamplingSettings(grammar="{}")))
     engine.target.vocab.grammar = original  # type: ignore[method-assign]
     answer = answer_tokens(events)
@@ -198,3 +198,23 @@ def test_a_draft_cut_at_a_forbidden_token_is_resampled_from_the_residual(with_q_
         counts[draft.tokens[0] if accepted else token] += 1  # the first token of the answer
     tv = 0.5 * np.abs(counts / trials - p).sum()
     assert (tv < 0.01) if with_q_next else (tv > 0.05), tv  # without: ~0.1 off
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "auto", "model"])
+def test_a_lazy_grammar_constrains_from_its_trigger_on(drafter):
+    """tool_choice auto's grammar: any tokens until the trigger token, then the DFA (which reads the
+    trigger first); greedy output the same with and without drafting."""
+    trigger = "x"  # the toy's token 4 + ord('x') % 44 = 36, an even token: the alternating DFA's first
+    (token,) = ToyVocab(48).tokenize(trigger, add_special=False)
+    settings = SamplingSettings(grammar=alternating(), grammar_trigger=trigger)
+    answers = []
+    for variant in ("none", drafter):
+        target = Recording(seed=2)
+        target.a[:, token] += 3.0  # the trigger comes soon, but not at once
+        answers.append(answer_tokens(list(_engine(variant, target=target, draft_len=3 if variant == "model" else None)
+                                          .generate([0, 6, 9, 6, 9], max_tokens=40, sampling=settings))))
+    plain, spec = answers
+    assert spec == plain
+    at = plain.index(token)
+    assert any(t % 2 != i % 2 for i, t in enumerate(plain[:at]))  # before the trigger: what the DFA forbids
+    assert len(plain[at:]) == 12 and all(t % 2 == i % 2 for i, t in enumerate(plain[at:]))  # from it: the DFA, then the end

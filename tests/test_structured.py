@@ -129,6 +129,58 @@ def test_openai_tool_choice_auto_parses_a_call_the_model_makes(qwen_server):
     assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Lyon"}
 
 
+def _streamed_calls(server, **request) -> tuple[dict, int, str, str | None]:
+    """(the calls by index, how many deltas carried arguments, the content, the finish reason)."""
+    calls, pieces, content, finish = {}, 0, "", None
+    for chunk in _openai(server).chat.completions.create(
+            model="localspec", messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
+            tools=[WEATHER], max_tokens=64, temperature=0, stream=True, **request):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        for call in (delta.tool_calls or []) if delta else []:
+            entry = calls.setdefault(call.index, {"name": None, "arguments": ""})
+            entry["name"] = call.function.name or entry["name"]
+            entry["arguments"] += call.function.arguments or ""
+            pieces += bool(call.function.arguments)
+        content += (delta.content or "") if delta else ""
+        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+    return calls, pieces, content, finish
+
+
+def test_a_streamed_call_sends_its_arguments_as_they_are_generated(qwen_server):
+    calls, pieces, content, finish = _streamed_calls(qwen_server, tool_choice="required",
+                                                     extra_body={"drafter": "none"})  # a token a round
+    assert finish == "tool_calls" and calls[0]["name"] == "get_weather" and not content
+    assert json.loads(calls[0]["arguments"]) == {"city": "Lyon"} and pieces >= 4
+
+
+def test_openai_tool_choice_auto_streams_a_call(qwen_server):
+    """tool_choice auto: free text until the model opens a call (then the lazy grammar holds it to the
+    tools' schemas); this model answers with the call's JSON in a fence, which is held back and sent as
+    the call, not as content."""
+    calls, _pieces, content, finish = _streamed_calls(qwen_server)
+    assert finish == "tool_calls" and calls[0]["name"] == "get_weather" and not content.strip()
+    assert json.loads(calls[0]["arguments"]) == {"city": "Lyon"}
+
+
+@pytest.mark.parametrize("model", ["qwen", "smol"])
+def test_a_lazy_grammar_allows_any_text_until_its_trigger(model, qwen_coder_path, smollm2_path):
+    """llama.cpp's lazy grammar behind Vocabulary.grammar(trigger=…): Qwen's <tool_call> is one special
+    token (a trigger token); for SmolLM2 it is text (a trigger pattern)."""
+    path = qwen_coder_path if model == "qwen" else smollm2_path
+    with load(str(path), n_ctx=256, calibrate=False) as engine:
+        vocab = engine.vocab
+        lazy = vocab.grammar('root ::= "<tool_call>" [0-9]+', trigger="<tool_call>")
+        free = vocab.tokenize("Hello, world", add_special=False)
+        assert lazy.allows(free).all()
+        for token in free:
+            lazy.accept(token)
+        for token in vocab.tokenize("<tool_call>", add_special=False, parse_special=True):
+            lazy.accept(token)
+        digits, words = vocab.tokenize("42", add_special=False), vocab.tokenize(" Hello", add_special=False)
+        assert lazy.allows(digits[:1]).all() and not lazy.allows(words[:1]).any()  # constrained from the trigger on
+        lazy.close()
+
+
 def test_ollama_client_format_and_tools(qwen_server):
     from ollama import Client
 
@@ -217,19 +269,24 @@ def test_tools_for_a_model_whose_template_has_no_call_format_are_refused(smol_se
 
 
 def test_greedy_output_under_a_grammar_is_the_same_with_and_without_drafting(smollm2_path):
-    """The real grammar sampler in the speculative loop: drafting (copies, history) changes the speed,
-    never the constrained greedy answer."""
+    """The real grammar sampler in the speculative loop: drafting (copies, history, what the grammar
+    forces) changes the speed, never the constrained greedy answer."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
         "type": "string"}}}, "required": ["name", "tags"]}
     prompt = "Describe the fox as JSON with a name and tags. The quick brown fox, the quick brown fox:"
-    answers, drafted = {}, 0
+    answers, drafted, forced = {}, 0, 0
     with load(str(smollm2_path), n_ctx=512, calibrate=False, history="memory") as engine:
         for grammar in (json_grammar(), schema_grammar(schema, "schema")):
-            for drafter in ("none", "ngram", "auto", "none"):
+            for drafter in ("none", "ngram", "grammar", "auto", "none"):
+                # (the grammar's drafts at a fixed length: whether the planner prices them in depends on
+                # this machine's costs, which the test does not pin)
                 events = list(engine.generate(prompt, max_tokens=48, drafter=drafter,
+                                              draft_len=4 if drafter == "grammar" else "default",
                                               sampling=SamplingSettings(grammar=grammar)))
                 answers.setdefault(grammar, []).append(answer_tokens(events))
                 drafted += events[-1].accepted
+                forced += events[-1].accepted_by_drafter.get("grammar", 0) if drafter == "grammar" else 0
     assert drafted > 0  # drafts were verified under the grammar, and some kept
+    assert forced > 0  # the schema's key names, drafted from the grammar alone
     for runs in answers.values():
         assert all(run == runs[0] for run in runs) and len(runs[0]) > 5

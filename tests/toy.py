@@ -47,12 +47,16 @@ class ToyVocab:
             return "é".encode()[1:]   # ...and its other half
         return f"w{token} ".encode()
 
-    def grammar(self, text: str) -> "ToyGrammar":
+    def grammar(self, text: str, trigger: str | None = None) -> "ToyGrammar":
         """A DFA over token ids as JSON: {"start": 0, "edges": {"0": {"5": 1, ...}, ...}, "final": [1]};
-        the end of the text (eos) is allowed in final states only."""
+        the end of the text (eos) is allowed in final states only. `trigger`: one token's text; any
+        tokens until it, then the DFA, which reads the trigger token first."""
         spec = json.loads(text)
         edges = {int(s): {int(t): int(d) for t, d in out.items()} for s, out in spec["edges"].items()}
-        return ToyGrammar(edges, set(spec["final"]), int(spec["start"]), self.eos)
+        waits_for = None
+        if trigger is not None:
+            (waits_for,) = self.tokenize(trigger, add_special=False)
+        return ToyGrammar(edges, set(spec["final"]), int(spec["start"]), self.eos, waits_for=waits_for)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [4 + (ord(c) % (self.n_tokens - 4)) for c in text]
@@ -69,19 +73,26 @@ class ToyGrammar:
     eos: int
     forks: list[int] = field(default_factory=lambda: [0])  # shared: forks made, for tests to count
     closed: bool = False
+    waits_for: int | None = None  # a lazy grammar's trigger token, until it is accepted
 
     def allows(self, tokens) -> np.ndarray:
+        if self.waits_for is not None:
+            return np.ones(len(tokens), dtype=bool)
         out = self.edges.get(self.state, {})
         return np.array([int(t) in out or (int(t) == self.eos and self.state in self.final) for t in tokens])
 
     def accept(self, token: int) -> None:
+        if self.waits_for is not None:
+            if token != self.waits_for:
+                return
+            self.waits_for = None
         assert not self.closed and self.allows([token])[0], f"token {token} is not allowed in state {self.state}"
         if token != self.eos:
             self.state = self.edges[self.state][token]
 
     def fork(self) -> "ToyGrammar":
         self.forks[0] += 1
-        return ToyGrammar(self.edges, self.final, self.state, self.eos, self.forks)
+        return ToyGrammar(self.edges, self.final, self.state, self.eos, self.forks, waits_for=self.waits_for)
 
     def close(self) -> None:
         self.closed = True

@@ -195,7 +195,8 @@ class Engine:
         if interject and not self.interjects:
             raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
         # A grammar that does not parse is refused here, before the request takes the engine.
-        constraint = self.target.vocab.grammar(sampling.grammar) if sampling.grammar is not None else None
+        constraint = (self.target.vocab.grammar(sampling.grammar, sampling.grammar_trigger)
+                      if sampling.grammar is not None else None)
         return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, constraint)
 
     @property

@@ -31,6 +31,8 @@ class SamplingSettings:
     samplers: tuple[str, ...] | None = None
     # A GBNF grammar every token must follow (JSON schemas arrive converted by the server); None: free text.
     grammar: str | None = None
+    # The grammar applies from this text on, any text before it (tool_choice auto: free text or a call).
+    grammar_trigger: str | None = None
 
     @property
     def greedy(self) -> bool:

@@ -55,7 +55,7 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
         room = target.room() - 1  # positions left for draft tokens after the pending one
         if room < 0:
             return
-        draft = planner.draft(context, room, sampler)
+        draft = planner.draft(context, room, sampler, constraint)
         rows: list[Constraint | None] = [None] * (len(draft.tokens) + 1)
         q_next = None
         if constraint is not None:
@@ -202,10 +202,12 @@ class Planner:
         for d in self.active:
             d.prefill(context, plan)
 
-    def draft(self, context: list[int], room: int, sampler: Sampler) -> Draft:
+    def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
+        """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
+        state after `context`, for drafters that read it."""
         if room <= 0 or self.mode == "none":
             return Draft.empty()
-        plan = self.plan
+        plan = dataclasses.replace(self.plan, grammar=grammar)
         offers = [(d, o) for d in self.active if (o := d.offer(context, room, plan)) is not None]
         for key in self._since_tried:
             self._since_tried[key] += 1

@@ -17,6 +17,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import ContextOverflowError, EngineUnavailableError, LocalspecError
 from localspec.server.scheduler import Job, Scheduler
+from localspec.structured import CALL_OPEN, Tool, call_grammar
 
 
 class ApiError(Exception):
@@ -143,7 +144,7 @@ class Served:
             raise ApiError(400, str(exc)) from None
 
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None,
-                 grammar: str | None = None) -> SamplingSettings:
+                 grammar: str | None = None, trigger: str | None = None) -> SamplingSettings:
         """`seed`: this completion's own, over the request's (n_cmpl: the request's seed plus its index)."""
         d = SamplingSettings()
         return SamplingSettings(
@@ -156,14 +157,21 @@ class Served:
             seed=seed if seed is not None else f.seed,
             samplers=sampler_chain(getattr(f, "samplers", None)),
             grammar=grammar,
+            grammar_trigger=trigger,
         )
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
-            endpoint: str, seed: int | None = None, grammar: str | None = None, urgent: bool = False) -> Job:
+            endpoint: str, seed: int | None = None, grammar: str | None = None, urgent: bool = False,
+            tools: list[Tool] | None = None, parallel_calls: bool = False) -> Job:
         """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
-        (server/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds of
-        a generation that holds the engine, scheduler.py)."""
+        (localspec/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds
+        of a generation that holds the engine, scheduler.py); `tools` the model may call, where no grammar
+        is asked for: free text until the model opens a call, then the call follows the tools' schemas
+        (llama.cpp's lazy grammar, as its server does; `parallel_calls`: one call or several)."""
         refuse_unsupported(f.model_extra or {})
+        trigger = None
+        if tools and grammar is None:
+            grammar, trigger = call_grammar(tools, several=parallel_calls), CALL_OPEN
         if not tokens:
             raise ApiError(400, "The prompt is empty.")
         room = self.n_ctx - len(tokens)
@@ -177,7 +185,7 @@ class Served:
         if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
             raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
-                   sampling=self.sampling(f, default_temperature, seed, grammar), stop=tuple(s for s in stops if s),
+                   sampling=self.sampling(f, default_temperature, seed, grammar, trigger), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint,
                    urgent=urgent)
 

@@ -164,7 +164,8 @@ async def _respond(served: Served, request: Request, model: str, options: Option
                    urgent: bool = False):
     """With tools, the answer's calls are parsed out of it, and a stream sends them in its last line."""
     limit = options.num_predict if options.num_predict is not None and options.num_predict >= 0 else None
-    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent)
+    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
+                     tools=tools, parallel_calls=True)  # Ollama has no field for it and returns every call
     prefill, events = await served.start(job, request)
 
     def line(text: str | None, summary: Summary | None = None, calls: list[Call] | None = None) -> bytes:

@@ -13,10 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
-from localspec.engine.events import Prefill, Summary
+from localspec.call_stream import CallStart, CallStream, Piece, Text
+from localspec.engine.events import Prefill, Round, Summary
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
                                      compact, fim_tokens, finish_reason, speculation, stream)
-from localspec.structured import (Call, Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
+from localspec.structured import (Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
                                          parse_calls, schema_grammar, template_messages, tools_of)
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
@@ -141,7 +142,8 @@ def _structure(served: Served, body: ChatRequest) -> tuple[list[Tool], str | Non
         check_template(served.engine.chat_template)
     elif choice != "auto":
         raise ApiError(400, "tool_choice asks for a call, but the request has no tools.")
-    forced = call_grammar(tools, named) if choice == "required" or named else None
+    forced = call_grammar(tools, named, several=choice == "required" and _parallel(body)) \
+        if choice == "required" or named else None
     asked = [g for g in (forced, _response_format(body.response_format), llama_cpp_grammar(body.grammar, body.json_schema))
              if g is not None]
     if len(asked) > 1:
@@ -174,18 +176,16 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
             raise ApiError(400, "n > 1 is not supported with stream; ask for one choice per streamed request.")
         return await _answer_each(served, request, body, tokens, limit, chat=chat, echo=echo, grammar=grammar,
                                   tools=tools, urgent=urgent)
-    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent)
+    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
+                     tools=tools, parallel_calls=_parallel(body))
     prefill, events = await served.start(job, request)
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    if body.stream and not tools:
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat)
-    summary = await collect(request, job, events)
     if body.stream:
-        content, calls = parse_calls(summary.text, tools or [])
-        finish = "tool_calls" if calls else finish_reason(summary)
-        return _sse_calls(served, prefill, summary, ident, created, usage, content, calls, finish)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat,
+                    calls=CallStream(tools) if tools and chat else None)
+    summary = await collect(request, job, events)
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
         "model": served.name, "choices": [_choice(0, summary, tools or [], chat, echo)],
@@ -200,7 +200,8 @@ async def _answer_each(served: Served, request: Request, body: ChatRequest | Com
     """`n` choices of one prompt, decoded together (the engine's generate_many); the seeds are the
     request's plus each choice's index."""
     jobs = [served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions",
-                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent)
+                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent,
+                       tools=tools, parallel_calls=_parallel(body))
             for i in range(body.n)]
     whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
     prefill, events = await served.start(whole, request)
@@ -216,6 +217,12 @@ async def _answer_each(served: Served, request: Request, body: ChatRequest | Com
     })
 
 
+def _parallel(body: ChatRequest | CompletionRequest) -> bool:
+    """Several calls in one answer only when asked for (llama.cpp's server's default too: small models
+    asked for one call tend to repeat it)."""
+    return isinstance(body, ChatRequest) and body.parallel_tool_calls is True
+
+
 def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: str) -> dict[str, Any]:
     """One choice of a finished answer: its message (with the tool calls parsed out of it) or text."""
     content, calls = parse_calls(summary.text, tools)
@@ -229,39 +236,15 @@ def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: s
     return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
 
 
-def _sse_calls(served: Served, prefill: Prefill, summary: Summary, ident: str, created: int, usage: bool,
-               content: str, calls: list[Call], finish: str) -> StreamingResponse:
-    """A finished answer with tool calls as the SDK streams them: the text, then each call's id and name,
-    then its arguments in pieces."""
-    def chunk(delta: dict | None, finish_reason: str | None = None, **extra) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                             "finish_reason": finish_reason}]
-        return b"data: " + compact({"id": ident, "object": "chat.completion.chunk", "created": created,
-                                    "model": served.name, "choices": choices, **extra}) + b"\n\n"
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    if content:
-        out.append(chunk({"content": content}))
-    for i, call in enumerate(calls):
-        out.append(chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
-                                          "function": {"name": call.name, "arguments": ""}}]}))
-        arguments = json.dumps(call.arguments)
-        for start in range(0, len(arguments), 16):
-            out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[start:start + 16]}}]}))
-    out.append(chunk({}, finish, localspec=speculation(summary)))
-    if usage:
-        out.append(chunk(None, usage=_usage(prefill, summary)))
-    out.append(b"data: [DONE]\n\n")
-    return StreamingResponse(iter(out), media_type="text/event-stream")
-
-
 def _usage(prefill: Prefill, summary: Summary) -> dict:
     return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": summary.generated_tokens,
             "total_tokens": prefill.prompt_tokens + summary.generated_tokens}
 
 
 def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kind: str, usage: bool,
-         chat: bool) -> StreamingResponse:
+         chat: bool, calls: CallStream | None = None) -> StreamingResponse:
+    """A streamed answer; with `calls`, its tool calls are sent as `tool_calls` deltas as they are
+    generated (the call's id and name, then its arguments in pieces) and the rest as content."""
     def chunk(choices: list, **extra) -> bytes:
         return b"data: " + compact({"id": ident, "object": kind, "created": created, "model": served.name,
                                     "choices": choices, **extra}) + b"\n\n"
@@ -272,15 +255,34 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
+    def delta(piece: Piece) -> bytes:
+        if isinstance(piece, Text):
+            return chunk([choice(piece.text, None)])
+        call: dict[str, Any] = {"index": piece.index}
+        if isinstance(piece, CallStart):
+            call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
+        else:
+            call["function"] = {"arguments": piece.text}
+        return chunk([{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}])
+
+    def text(event: Round) -> bytes | None:
+        if not event.text:
+            return None
+        if calls is None:
+            return chunk([choice(event.text, None)])
+        return b"".join(delta(p) for p in calls.feed(event.text)) or None
+
     def summary(event: Summary) -> list[bytes]:
-        last = [chunk([choice(None, finish_reason(event))], localspec=speculation(event))]
-        return last + ([chunk([], usage=_usage(prefill, event))] if usage else [])
+        rest = [delta(p) for p in calls.finish()] if calls is not None else []
+        finish = "tool_calls" if calls is not None and calls.calls else finish_reason(event)
+        last = [chunk([choice(None, finish)], localspec=speculation(event))]
+        return rest + last + ([chunk([], usage=_usage(prefill, event))] if usage else [])
 
     role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
     return stream(events, StreamFormat(
         media_type="text/event-stream",
         opening=[role] if chat else [],
-        round=lambda event: chunk([choice(event.text, None)]) if event.text else None,
+        round=text,
         summary=summary,
         closing=[b"data: [DONE]\n\n"],
         error=lambda exc: b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n",

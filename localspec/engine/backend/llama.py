@@ -152,9 +152,14 @@ class Vocab:
             self._pieces[token] = piece
         return piece
 
-    def grammar(self, text: str) -> Grammar:
-        """A GBNF grammar's start state over this vocabulary (engine/constraint.py)."""
-        return Grammar.compile(self._vocab, text)
+    def grammar(self, text: str, trigger: str | None = None) -> Grammar:
+        """A GBNF grammar's start state over this vocabulary (engine/constraint.py); with `trigger`, it
+        applies from that text on."""
+        token = None
+        if trigger is not None:
+            ids = self.tokenize(trigger, add_special=False, parse_special=True)
+            token = ids[0] if len(ids) == 1 and self.is_control(ids[0]) else None
+        return Grammar.compile(self._vocab, text, trigger, token)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

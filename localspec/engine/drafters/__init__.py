@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources
 from localspec.engine.drafters.copies import CopyDrafter
+from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
 from localspec.engine.drafters.model import ModelDrafter
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
@@ -23,6 +24,8 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("ngram", "copies from the prompt and the answer so far", "n-gram", CopyDrafter.build),
     Registration("history", "continuations of earlier requests' prompts and answers", "history",
                  HistoryDrafter.build, needs="is turned off (--no-history-drafts or the history_drafts setting)"),
+    Registration("grammar", "what a request's grammar forces (JSON keys, a tool call's envelope)", "grammar",
+                 GrammarDrafter.build),
 )
 
 
@@ -32,4 +35,4 @@ def build(sources: Sources) -> list[Drafter]:
 
 
 __all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "build",
-           "CopyDrafter", "HistoryDrafter", "ModelDrafter", "NgramDrafter", "OpeningDrafter"]
+           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -16,6 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from localspec.engine.adaptive import CostModel
+    from localspec.engine.constraint import Constraint
     from localspec.engine.model import LanguageModel
     from localspec.engine.sampling import Sampler
 
@@ -42,13 +43,15 @@ class Draft:
 @dataclass
 class Plan:
     """What offers are priced with: the target's verify costs, the answer tokens the request may still
-    produce (a model drafter's catch-up must pay for itself over them), a forced draft length, and
-    whether the request's answer is a function of its context alone (`SamplingSettings.replayable`)."""
+    produce (a model drafter's catch-up must pay for itself over them), a forced draft length, whether
+    the request's answer is a function of its context alone (`SamplingSettings.replayable`), and its
+    grammar's state after the context (None: free text; drafters must not advance it)."""
 
     cost: CostModel
     budget: int = 512
     fixed_len: int | None = None
     replayable: bool = False
+    grammar: Constraint | None = None
 
 
 @dataclass
