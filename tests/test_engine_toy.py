@@ -529,6 +529,23 @@ def test_requests_go_to_the_slot_with_their_prefix_and_a_warm_up_does_not_evict_
     assert engine.kv.seq == 1 and target.seqs[0][:len(again) - 1] == again[:-1]
 
 
+def test_a_new_chat_does_not_evict_the_editors_cache_nor_a_completion_the_chats():
+    """Without a prefix worth keeping a request takes a slot holding its own kind of prompt (fill in the
+    middle, or not) before the least recently used one of the other kind."""
+    target = ToyModel(seed=3, n_seq=2)
+    target.vocab.fim_mid = 3  # (the toy's vocabulary has no infill tokens otherwise)
+    engine = Engine(target, None, EngineOptions(drafter="none", learn_costs=False), cost=CostModel(dict(COST)))
+    infill = [0, *range(20, 31), 3]  # (12 tokens: the shared first token is under a tenth of each prompt)
+    list(engine.generate(infill, max_tokens=2))
+    assert engine.kv.seq == 0
+    list(engine.generate([0, *range(31, 43)], max_tokens=2))  # a chat: the empty slot
+    assert engine.kv.seq == 1
+    list(engine.generate([0, *range(43, 47), *range(4, 12)], max_tokens=2))  # a new chat: the chat's slot...
+    assert engine.kv.seq == 1 and target.seqs[0][:len(infill) - 1] == infill[:-1]  # ...not the older infill's
+    list(engine.generate([0, *range(12, 20), 46, 45, 3], max_tokens=2))  # another file's completion: the editor's
+    assert engine.kv.seq == 0 and target.seqs[1][:5] == [0, 43, 44, 45, 46]
+
+
 def test_cache_reuse_keeps_a_run_that_moved_and_output_is_unchanged():
     """An editor's prompt is a window of the file: lines drop out of it (the ring of extra chunks turns
     over, the window slides), so cached text moves towards the start. With cache reuse a cached run of

@@ -21,12 +21,13 @@ from localspec.engine.contract import ServedEngine, available_drafters, unavaila
 from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
 from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
-from localspec.engine.kv import KvSequence, common_prefix
+from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, Vocabulary
 from localspec.engine.parallel import Guests, Lane, decode_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
+from localspec.engine.slots import Slots
 from localspec.engine.speculative import Planner, Step, speculate
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
@@ -54,12 +55,7 @@ class Engine:
         self.draft = draft
         self.self_draft = self_draft
         self.options = options or EngineOptions()
-        # Slots: the target's KV sequences. Each request takes the one holding the longest prefix of its
-        # prompt, or the least recently used, so an editor's cache-warming request or a second client
-        # does not evict the cache the completions at the cursor keep using (llama-server's slots).
-        self.slots = [KvSequence(target, seq=i) for i in range(target.n_seq)]
-        self.kv = self.slots[0]
-        self._requests = 0
+        self.slots = Slots(target, self.options.cache_reuse)  # the target's KV sequences (engine/slots.py)
         # The target's verify costs: given (tests), or calibrated (trusted cache, or measured now and
         # measured again between requests while untrusted or contradicted: engine/calibration.py).
         self.calibrator = None if cost is not None else Calibrator(target, self.options.calibrate)
@@ -110,6 +106,11 @@ class Engine:
         """Plain decoding at a short context: measured in this process when it has been, else the estimate."""
         measured = self.plain_rounds.per_token_s(0)
         return 1.0 / measured if measured else self.cost.plain_tokens_per_s
+
+    @property
+    def kv(self) -> KvSequence:
+        """The slot the latest request took."""
+        return self.slots.latest
 
     @property
     def vocab(self) -> Vocabulary:
@@ -299,11 +300,9 @@ class Engine:
         lead = group[0]
         prefill = self._prefill(lead, None, t0)
         assert lead.kv is not None
-        others = sorted((slot for slot in self.slots if not slot.busy), key=lambda slot: slot.last_used)
-        for request, kv in zip(group[1:], others):
+        for request, kv in zip(group[1:], self.slots.free()):
             kv.copy_from(lead.kv)
-            kv.last_used = self._requests
-            kv.busy = True
+            self.slots.take(kv)
             request.kv = kv
         shared = Prefill(prompt_tokens=prefill.prompt_tokens, evaluated=0, cached=prefill.prompt_tokens,
                          seconds=prefill.seconds)
@@ -364,7 +363,7 @@ class Engine:
 
     def free_slots(self) -> int:
         """KV slots no request is generating on."""
-        return sum(not slot.busy for slot in self.slots)
+        return len(self.slots.free())
 
     def _side_planner(self, request: Request) -> Planner:
         if self._side is None:
@@ -459,35 +458,10 @@ class Engine:
         vocab = self.target.vocab
         return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
 
-    def slot_for(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
-        """The slot holding the longest prefix of `prompt`, when that prefix is at least a tenth of the
-        prompt (llama-server's slot similarity), otherwise the least recently used one; and how many
-        of the prompt's tokens it already holds. Never a slot a request is generating on (a generation
-        waiting between two rounds, or one that joined it)."""
-        free = [s for s in self.slots if not s.busy]
-        if not free:
-            raise LocalspecError("No KV slot is free for another request.")
-        held = [common_prefix(s.tokens, prompt) for s in free]
-        i = max(range(len(free)), key=lambda j: (held[j], -free[j].last_used))
-        if held[i] > 0 and held[i] * 10 >= len(prompt):
-            return free[i], held[i]
-        oldest = min(range(len(free)), key=lambda j: free[j].last_used)
-        return free[oldest], held[oldest]
-
     def _prefill(self, request: Request, planner: Planner | None, t0: float) -> Prefill:
-        """The prompt into a slot's KV cache, all but its last token (the first round evaluates that
-        one); the longest cached prefix is kept, and with `cache_reuse` the cached runs that moved."""
+        """The request's prompt into a free slot (Slots.prefill); its drafters get ready for it."""
         prompt = request.prompt
-        kv, reuse = self.slot_for(prompt)
-        request.kv = self.kv = kv
-        kv.busy = True
-        self._requests += 1
-        kv.last_used = self._requests
-        if self.options.cache_reuse:
-            reuse = kv.reuse(prompt, self.options.cache_reuse)
-        keep = min(reuse, len(prompt) - 1)
-        kv.rewind(keep)
-        kv.extend(prompt[keep:-1])
+        request.kv, keep = self.slots.prefill(prompt)
         if planner is not None:
             planner.prefill(prompt)
         return Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
