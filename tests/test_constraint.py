@@ -211,6 +211,7 @@ def test_a_lazy_grammar_constrains_from_its_trigger_on(drafter):
     for variant in ("none", drafter):
         target = Recording(seed=2)
         target.a[:, token] += 3.0  # the trigger comes soon, but not at once
+        target.vocab.token_bytes = lambda t: b"x" if t == token else b"w"  # type: ignore[method-assign]  (one token)
         answers.append(answer_tokens(list(_engine(variant, target=target, draft_len=3 if variant == "model" else None)
                                           .generate([0, 6, 9, 6, 9], max_tokens=40, sampling=settings))))
     plain, spec = answers

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
+from localspec.errors import LocalspecError
 from localspec.loader import load
 from localspec.structured import json_grammar, schema_grammar
 from servers import serving
@@ -162,23 +163,28 @@ def test_openai_tool_choice_auto_streams_a_call(qwen_server):
     assert json.loads(calls[0]["arguments"]) == {"city": "Lyon"}
 
 
-@pytest.mark.parametrize("model", ["qwen", "smol"])
-def test_a_lazy_grammar_allows_any_text_until_its_trigger(model, qwen_coder_path, smollm2_path):
-    """llama.cpp's lazy grammar behind Vocabulary.grammar(trigger=…): Qwen's <tool_call> is one special
-    token (a trigger token); for SmolLM2 it is text (a trigger pattern)."""
-    path = qwen_coder_path if model == "qwen" else smollm2_path
-    with load(str(path), n_ctx=256, calibrate=False) as engine:
+def test_a_lazy_grammar_allows_any_text_until_its_trigger_token(qwen_coder_path, smollm2_path):
+    """llama.cpp's lazy grammar behind Vocabulary.grammar(trigger=…), where <tool_call> is one token
+    (Qwen2.5). Where it is several (SmolLM2) the vocabulary refuses it, and a request carrying it
+    decodes free text: a trigger inside a longer piece could feed the grammar what it forbids."""
+    with load(str(qwen_coder_path), n_ctx=256, calibrate=False) as engine:
         vocab = engine.vocab
         lazy = vocab.grammar('root ::= "<tool_call>" [0-9]+', trigger="<tool_call>")
         free = vocab.tokenize("Hello, world", add_special=False)
         assert lazy.allows(free).all()
         for token in free:
             lazy.accept(token)
-        for token in vocab.tokenize("<tool_call>", add_special=False, parse_special=True):
-            lazy.accept(token)
+        (trigger,) = vocab.tokenize("<tool_call>", add_special=False, parse_special=True)
+        lazy.accept(trigger)
         digits, words = vocab.tokenize("42", add_special=False), vocab.tokenize(" Hello", add_special=False)
         assert lazy.allows(digits[:1]).all() and not lazy.allows(words[:1]).any()  # constrained from the trigger on
         lazy.close()
+    with load(str(smollm2_path), n_ctx=256, calibrate=False) as engine:
+        with pytest.raises(LocalspecError, match="must be one token"):
+            engine.vocab.grammar('root ::= "<tool_call>" [0-9]+', trigger="<tool_call>")
+        settings = SamplingSettings(grammar='root ::= "<tool_call>" [0-9]+', grammar_trigger="<tool_call>")
+        events = list(engine.generate("Say hello.", max_tokens=8, sampling=settings, drafter="none"))
+        assert events[-1].generated_tokens > 0 and not events[-1].text.startswith("<tool_call>")
 
 
 def test_ollama_client_format_and_tools(qwen_server):

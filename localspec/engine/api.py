@@ -17,6 +17,7 @@ from typing import Callable, Generator, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
+from localspec.engine.constraint import Constraint
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
 from localspec.engine.answer import Answer
@@ -196,9 +197,20 @@ class Engine:
         if interject and not self.interjects:
             raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
         # A grammar that does not parse is refused here, before the request takes the engine.
-        constraint = (self.target.vocab.grammar(sampling.grammar, sampling.grammar_trigger)
-                      if sampling.grammar is not None else None)
+        constraint = self._constraint(sampling)
         return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, constraint)
+
+    def _constraint(self, sampling: SamplingSettings) -> Constraint | None:
+        """The request's grammar state. A lazy grammar (tool_choice auto) needs its trigger to be one
+        token (Vocabulary.grammar); where it is several, the answer stays free text (as without it)."""
+        if sampling.grammar is None:
+            return None
+        trigger, vocab = sampling.grammar_trigger, self.target.vocab
+        if trigger is not None:
+            ids = vocab.tokenize(trigger, add_special=False, parse_special=True)
+            if len(ids) != 1 or vocab.token_bytes(ids[0]) != trigger.encode():
+                return None
+        return vocab.grammar(sampling.grammar, trigger)
 
     @property
     def interjects(self) -> bool:

@@ -68,8 +68,8 @@ class Vocabulary(InfillTokenizer, Protocol):
     def token_bytes(self, token: int) -> bytes: ...
     def grammar(self, text: str, trigger: str | None = None) -> Constraint:
         """A GBNF grammar's start state over this vocabulary; LocalspecError if it does not parse. With
-        `trigger`, any text until that text appears, the grammar from it on (the grammar's text starts
-        with the trigger's)."""
+        `trigger` (one token's text; LocalspecError otherwise), any text until that token, the grammar
+        from it on (the grammar's text starts with the trigger's)."""
         ...
 
 

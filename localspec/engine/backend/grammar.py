@@ -6,7 +6,6 @@ ever accepts tokens `allows` passed (engine/speculative.py)."""
 from __future__ import annotations
 
 import ctypes
-import re
 from typing import Sequence
 
 import llama_cpp as L
@@ -24,21 +23,16 @@ class Grammar:
         self._sampler = sampler
 
     @classmethod
-    def compile(cls, vocab_ptr, text: str, trigger: str | None = None, trigger_token: int | None = None) -> "Grammar":
-        """`trigger`: the grammar applies from that text on, any text before it (llama.cpp's lazy grammar,
-        as its server uses for tool calls); `trigger_token`: the trigger is that one token."""
+    def compile(cls, vocab_ptr, text: str, trigger_token: int | None = None) -> "Grammar":
+        """With `trigger_token`, the grammar applies from that token on, any text before it (llama.cpp's
+        lazy grammar, as its server uses for tool calls); the grammar's text starts with the token's."""
         init()
         mark = problems_mark()
-        if trigger is None:
+        if trigger_token is None:
             sampler = L.llama_sampler_init_grammar(vocab_ptr, text.encode(), b"root")
-        elif trigger_token is not None:
+        else:
             tokens = (L.llama_token * 1)(trigger_token)
             sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab_ptr, text.encode(), b"root", None, 0, tokens, 1)
-        else:
-            # llama.cpp feeds the grammar from the first capturing group on once the text so far matches.
-            pattern = "[\\s\\S]*?(" + re.escape(trigger) + "[\\s\\S]*)"
-            patterns = (ctypes.c_char_p * 1)(pattern.encode())
-            sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab_ptr, text.encode(), b"root", patterns, 1, None, 0)
         if not sampler:
             why = problems_since(mark) or "llama.cpp could not parse it"
             raise LocalspecError(f"The grammar is not valid GBNF with a 'root' rule: {why}.")

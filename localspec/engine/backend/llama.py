@@ -154,12 +154,15 @@ class Vocab:
 
     def grammar(self, text: str, trigger: str | None = None) -> Grammar:
         """A GBNF grammar's start state over this vocabulary (engine/constraint.py); with `trigger`, it
-        applies from that text on."""
-        token = None
-        if trigger is not None:
-            ids = self.tokenize(trigger, add_special=False, parse_special=True)
-            token = ids[0] if len(ids) == 1 and self.is_control(ids[0]) else None
-        return Grammar.compile(self._vocab, text, trigger, token)
+        applies from that token on, which must be one token of exactly that text: llama.cpp then feeds
+        the grammar exactly the token's text (a trigger inside a longer piece could feed it characters
+        it forbids, which aborts the process)."""
+        if trigger is None:
+            return Grammar.compile(self._vocab, text)
+        ids = self.tokenize(trigger, add_special=False, parse_special=True)
+        if len(ids) != 1 or self.token_bytes(ids[0]) != trigger.encode():
+            raise LocalspecError(f"A grammar's trigger must be one token; '{trigger}' is not one here.")
+        return Grammar.compile(self._vocab, text, ids[0])
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
