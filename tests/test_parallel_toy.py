@@ -166,7 +166,7 @@ def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_gues
     stop_second = threading.Event()
     for event in engine.generate(CHAT, max_tokens=3):
         if isinstance(event, Round) and event.index == 0:
-            engine.join(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1])
+            engine.join(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1], drafter="none")  # (same draws)
             engine.join(OTHER, second.append, max_tokens=20, cancel=stop_second)
     assert engine.free_slots() == 1
     with pytest.raises(LocalspecError, match="already generating"):
@@ -183,6 +183,28 @@ def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_gues
     assert answer_tokens(third) == _solo(CHAT, GREEDY[0], 6)
     assert engine.free_slots() == 3
     assert answer_tokens(list(engine.generate(CHAT, max_tokens=5))) == _solo(CHAT, GREEDY[0], 5)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "auto"])
+def test_the_last_guest_left_drafts_on_its_own_sequence_and_its_answer_is_unchanged(drafter):
+    """Once the generation it joined has ended and no other guest is left, a guest's rounds are
+    speculative again (drafts, verification, rollback on its own slot); greedy, its answer is still its
+    solo answer, and it is recorded as evidence for the drafters like any request's."""
+    engine, target = _host_engine()
+    guest: list = []
+    for event in engine.generate(CHAT, max_tokens=3):
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(PROMPT, guest.append, max_tokens=40, drafter=drafter)
+    shared = len(target.steps)
+    while engine.step_guests():
+        pass
+    summary = guest[-1]
+    assert isinstance(summary, Summary) and summary.drafted > 0 and summary.accepted > 0
+    assert len(target.steps) == shared  # no more shared steps once it was alone: its own verify batches
+    assert answer_tokens(guest) == _solo(PROMPT, GREEDY[0], 40)
+    assert engine.free_slots() == 3
+    history = engine.drafter("history")
+    assert history is not None and history.index.n_documents == 2  # the host's answer, and the guest's
 
 
 def test_a_join_needs_a_paused_generation_and_a_free_slot_and_an_interjection_takes_a_free_one():

@@ -29,7 +29,7 @@ from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Planner, Step, speculate
+from localspec.engine.speculative import Planner, Step, speculate, speculative_round
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
 
@@ -73,6 +73,7 @@ class Engine:
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._guests = Guests(lambda: self.cost.plain_tokens_per_s)  # requests that joined the generation
+        self._lone: Lane | None = None  # the last guest left, drafting with the engine's planner
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -326,15 +327,16 @@ class Engine:
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> None:
+             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         """A request decoded together with the running generation from its next step on: called between
         two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
         two `step_guests`. Its prompt is evaluated now into a free slot; its events go to `deliver` (its
         Prefill before this returns), its rounds from inside the running generation's steps. None drafts
-        while several share a step (engine/parallel.py). Raises LocalspecError for a request the engine
-        refuses, or when no slot is free."""
-        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), "none", "default", stop,
-                                cancel or threading.Event(), False)
+        while several share a step (engine/parallel.py); the last one left after the generation ended
+        drafts with `drafter` (`_lone_round`). Raises LocalspecError for a request the engine refuses,
+        or when no slot is free."""
+        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
+                                "default", stop, cancel or threading.Event(), False)
         current = self._current
         paused = current is not None and self._paused_on == threading.get_ident()
         if not (paused or (current is None and self._guests)):
@@ -359,14 +361,36 @@ class Engine:
         if self._current is not None or not self._guests:
             return False
         try:
-            self._guests.step()
+            self._guests.step(alone=self._lone_round)
+            lone = self._lone
+            if lone is not None and lone.ended is not None:  # its answer is evidence, as any request's
+                self._lone = None
+                assert self._planner is not None
+                self._planner.finish(lone.request.prompt, lone.context[len(lone.request.prompt):])
         except BaseException:
             self._guests.drop()
+            self._lone = None
             raise
         finally:
             if not self._guests:
                 self._lock.release()
         return bool(self._guests)
+
+    def _lone_round(self, lane: Lane) -> Step | None:
+        """A speculative round of the last guest left after the generation it joined ended, with the
+        engine's planner (free now: nothing else holds the engine while guests remain), started for
+        this request when it became the one left."""
+        request = lane.request
+        if self._lone is not lane:
+            planner = self.planner_for(request.mode, request.fixed, request.max_tokens - lane.answer.tally.generated,
+                                       request.sampling.replayable)
+            planner.start(request.prompt)
+            self._lone = lane
+        assert self._planner is not None
+        step = speculative_round(lane.kv, lane.context, self._planner, lane.sampler, request.constraint)
+        if step is not None:
+            self._learn(step, len(lane.context) - step.accepted - 1)
+        return step
 
     @property
     def joins(self) -> bool:

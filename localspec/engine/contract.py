@@ -131,7 +131,7 @@ class ServedEngine(ChatEngine, Protocol):
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> None:
+             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         """Between two rounds of the running generation (on the thread consuming it), or between two
         `step_guests` once it has ended: this request is decoded in the same steps from then on, its
         events handed to `deliver`."""
@@ -168,7 +168,7 @@ class OneRequestAtATime:
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> None:
+             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         raise LocalspecError(self.message)
 
     def step_guests(self) -> bool:

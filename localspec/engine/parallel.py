@@ -11,7 +11,8 @@ slot and copied to the others.
 No drafts while several sequences share a step: on a CPU a step of n sequences already costs about
 what n - 1 draft tokens would (calibration: 3 positions ~2x one on a 2-core AVX2 CPU), which is where
 speculation turns into a slowdown; drafts priced for a batch are not built. A generation that others
-joined drafts again once it is alone.
+joined drafts again once it is alone, and so does the last guest left after it ended (`Guests.step`'s
+`alone`: speculative rounds on its own sequence).
 """
 
 from __future__ import annotations
@@ -127,10 +128,16 @@ class Guests:
         lane.deliver(lane.prefill)
         self.lanes.append(lane)
 
-    def step(self, host: Lane | None = None) -> tuple[Step | None, float]:
+    def step(self, host: Lane | None = None,
+             alone: Callable[[Lane], Step | None] | None = None) -> tuple[Step | None, float]:
         """One step: the host's (if any) with every guest's; the guests' events delivered, those that
-        ended retired (their slots free). Returns the host's step and its share of the step's time."""
-        rounds, host_step, share = _advance(self.lanes, host)
+        ended retired (their slots free). Returns the host's step and its share of the step's time.
+        With no host and one guest left, `alone` (if given) makes that guest's round instead: a
+        speculative one, None when its context is full."""
+        if host is None and alone is not None and len(self.lanes) == 1:
+            rounds, host_step, share = self._alone(self.lanes[0], alone), None, 0.0
+        else:
+            rounds, host_step, share = _advance(self.lanes, host)
         for lane, event in rounds:
             assert lane.deliver is not None
             lane.deliver(event)
@@ -141,6 +148,20 @@ class Guests:
             lane.request.close()
             self.lanes.remove(lane)
         return host_step, share
+
+    @staticmethod
+    def _alone(lane: Lane, round_of: Callable[[Lane], Step | None]) -> list[tuple[Lane, Event]]:
+        lane.ended = lane.stops_before_step()
+        if lane.ended is not None:
+            return []
+        t0 = time.perf_counter()
+        step = round_of(lane)
+        if step is None:
+            lane.ended = "context"
+            return []
+        event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, time.perf_counter() - t0,
+                                            priced=bool(step.draft.tokens))
+        return [(lane, event)]
 
     def drop(self) -> None:
         """The generation they joined failed: let go of their slots (the caller tells their clients)."""

@@ -52,25 +52,34 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
     With a `constraint` every token follows its grammar (engine/constraint.py), and it advances by the
     tokens each round keeps."""
     while not cancel.is_set():
-        room = target.room() - 1  # positions left for draft tokens after the pending one
-        if room < 0:
+        step = speculative_round(target, context, planner, sampler, constraint)
+        if step is None:
             return
-        draft = planner.draft(context, room, sampler, constraint)
-        rows: list[Constraint | None] = [None] * (len(draft.tokens) + 1)
-        q_next = None
-        if constraint is not None:
-            draft, rows, q_next = within_grammar(draft, constraint)
-        try:
-            step = _verify(target, context, draft, sampler, rows, q_next)
-        finally:
-            for row in rows[1:]:
-                if row is not None:
-                    row.close()
-        if constraint is not None:
-            for token in [*draft.tokens[:step.accepted], step.token]:
-                constraint.accept(token)
-        planner.observe(draft, step.accepted, step.verify_s, len(draft.tokens) + 1, step.token)
         yield step
+
+
+def speculative_round(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
+                      constraint: Constraint | None = None) -> Step | None:
+    """One round of `speculate` (the same invariant before and after); None when the context is full."""
+    room = target.room() - 1  # positions left for draft tokens after the pending one
+    if room < 0:
+        return None
+    draft = planner.draft(context, room, sampler, constraint)
+    rows: list[Constraint | None] = [None] * (len(draft.tokens) + 1)
+    q_next = None
+    if constraint is not None:
+        draft, rows, q_next = within_grammar(draft, constraint)
+    try:
+        step = _verify(target, context, draft, sampler, rows, q_next)
+    finally:
+        for row in rows[1:]:
+            if row is not None:
+                row.close()
+    if constraint is not None:
+        for token in [*draft.tokens[:step.accepted], step.token]:
+            constraint.accept(token)
+    planner.observe(draft, step.accepted, step.verify_s, len(draft.tokens) + 1, step.token)
+    return step
 
 
 def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Constraint | None], np.ndarray | None]:

@@ -250,7 +250,7 @@ class Scheduler:
         self._guests.append(job)
         try:
             self.engine.join(job.tokens, deliver, max_tokens=job.max_tokens, sampling=job.sampling, stop=job.stop,
-                             cancel=job.cancel)
+                             cancel=job.cancel, drafter=job.drafter)
             self.joined += 1
         except Exception as exc:
             self._guests.remove(job)
