@@ -73,7 +73,7 @@ def test_openai_sdk_non_streaming_chat_carries_speculation_stats(server):
     assert {"drafted", "accepted", "speedup", "baseline_tokens_per_s"} <= set(extra)
 
 
-def test_openai_sdk_n_choices_are_decoded_together_and_equal_their_single_requests(fim_server):
+def test_openai_sdk_n_choices_are_decoded_together_and_equal_their_single_requests_streamed_or_not(fim_server):
     from openai import OpenAI
 
     client = OpenAI(base_url=fim_server.url + "/v1", api_key="unused")
@@ -85,9 +85,16 @@ def test_openai_sdk_n_choices_are_decoded_together_and_equal_their_single_reques
     assert [c.message.content for c in reply.choices] == [a.choices[0].message.content for a in alone]
     assert reply.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
     assert reply.usage.prompt_tokens == alone[0].usage.prompt_tokens
-    wire = {k: v for k, v in ask.items() if k != "extra_body"} | {"drafter": "none"}
-    r = httpx.post(fim_server.url + "/v1/chat/completions", json={**wire, "n": 2, "stream": True}, timeout=30)
-    assert r.status_code == 400 and "n > 1" in r.json()["error"]["message"]
+    streamed: dict[int, str] = {}
+    finished, usage = set(), None
+    for chunk in client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **ask):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finished.add(choice.index)
+        usage = chunk.usage or usage
+    assert [streamed[i] for i in range(3)] == [c.message.content for c in reply.choices]  # each choice's own text
+    assert finished == {0, 1, 2} and usage is not None and usage.completion_tokens == reply.usage.completion_tokens
 
 
 def test_openai_legacy_completion_with_suffix_is_fim(fim_server):

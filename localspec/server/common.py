@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 from fastapi.responses import StreamingResponse
 
@@ -281,6 +281,9 @@ class StreamFormat:
     error: Callable[[ApiError], bytes]              # a failure after the response has started
     opening: Iterable[bytes] = ()
     closing: Iterable[bytes] = ()                   # after the summary (not after an error)
+    # Several completions of one prompt: events come as (completion, event), each handled by its own
+    # format's round and summary (opening, closing and error are this one's).
+    choices: Sequence["StreamFormat"] = ()
 
 
 def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
@@ -292,13 +295,14 @@ def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
         try:
             for chunk in fmt.opening:
                 yield chunk
-            async for event in events:
+            async for item in events:
+                own, event = (fmt.choices[item[0]], item[1]) if fmt.choices else (fmt, item)
                 if isinstance(event, Round):
-                    chunk = fmt.round(event)
+                    chunk = own.round(event)
                     if chunk:
                         yield chunk
                 elif isinstance(event, Summary):
-                    for chunk in fmt.summary(event):
+                    for chunk in own.summary(event):
                         yield chunk
             for chunk in fmt.closing:
                 yield chunk

@@ -172,8 +172,6 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
     endpoint = "chat" if chat else "completions"
     if body.n > 1:
-        if body.stream:
-            raise ApiError(400, "n > 1 is not supported with stream; ask for one choice per streamed request.")
         return await _answer_each(served, request, body, tokens, limit, chat=chat, echo=echo, grammar=grammar,
                                   tools=tools, urgent=urgent)
     job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
@@ -183,8 +181,7 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     if body.stream:
         kind = "chat.completion.chunk" if chat else "text_completion"
-        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat,
-                    calls=CallStream(tools) if tools and chat else None)
+        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat, tools=tools)
     summary = await collect(request, job, events)
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
@@ -205,6 +202,11 @@ async def _answer_each(served: Served, request: Request, body: ChatRequest | Com
             for i in range(body.n)]
     whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
     prefill, events = await served.start(whole, request)
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(served, events, prefill, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                    int(time.time()), "chat.completion.chunk" if chat else "text_completion", usage, chat=chat,
+                    tools=tools, n=body.n)
     _prefills, summaries = await collect_each(request, whole, events, lambda _i, _event: None)
     generated = sum(s.generated_tokens for s in summaries.values())
     return JSONResponse({
@@ -242,48 +244,61 @@ def _usage(prefill: Prefill, summary: Summary) -> dict:
 
 
 def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kind: str, usage: bool,
-         chat: bool, calls: CallStream | None = None) -> StreamingResponse:
-    """A streamed answer; with `calls`, its tool calls are sent as `tool_calls` deltas as they are
-    generated (the call's id and name, then its arguments in pieces) and the rest as content."""
+         chat: bool, tools: list[Tool] | None = None, n: int = 1) -> StreamingResponse:
+    """A streamed answer, or `n` answers of one prompt (events as (choice, event)), each chunk naming its
+    choice. With `tools`, an answer's tool calls are sent as `tool_calls` deltas as they are generated
+    (the call's id and name, then its arguments in pieces) and the rest as content."""
     def chunk(choices: list, **extra) -> bytes:
         return b"data: " + compact({"id": ident, "object": kind, "created": created, "model": served.name,
                                     "choices": choices, **extra}) + b"\n\n"
 
-    def choice(text: str | None, finish: str | None) -> dict:
-        if chat:
-            delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    summaries: dict[int, Summary] = {}
 
-    def delta(piece: Piece) -> bytes:
-        if isinstance(piece, Text):
-            return chunk([choice(piece.text, None)])
-        call: dict[str, Any] = {"index": piece.index}
-        if isinstance(piece, CallStart):
-            call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
-        else:
-            call["function"] = {"arguments": piece.text}
-        return chunk([{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}])
+    def total() -> dict:
+        generated = sum(s.generated_tokens for s in summaries.values())
+        return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": generated,
+                "total_tokens": prefill.prompt_tokens + generated}
 
-    def text(event: Round) -> bytes | None:
-        if not event.text:
-            return None
-        if calls is None:
-            return chunk([choice(event.text, None)])
-        return b"".join(delta(p) for p in calls.feed(event.text)) or None
+    def one(index: int) -> StreamFormat:
+        calls = CallStream(tools) if tools and chat else None
 
-    def summary(event: Summary) -> list[bytes]:
-        rest = [delta(p) for p in calls.finish()] if calls is not None else []
-        finish = "tool_calls" if calls is not None and calls.calls else finish_reason(event)
-        last = [chunk([choice(None, finish)], localspec=speculation(event))]
-        return rest + last + ([chunk([], usage=_usage(prefill, event))] if usage else [])
+        def choice(text: str | None, finish: str | None) -> dict:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
-    return stream(events, StreamFormat(
-        media_type="text/event-stream",
-        opening=[role] if chat else [],
-        round=text,
-        summary=summary,
-        closing=[b"data: [DONE]\n\n"],
-        error=lambda exc: b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n",
-    ))
+        def delta(piece: Piece) -> bytes:
+            if isinstance(piece, Text):
+                return chunk([choice(piece.text, None)])
+            call: dict[str, Any] = {"index": piece.index}
+            if isinstance(piece, CallStart):
+                call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
+            else:
+                call["function"] = {"arguments": piece.text}
+            return chunk([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}])
+
+        def text(event: Round) -> bytes | None:
+            if not event.text:
+                return None
+            if calls is None:
+                return chunk([choice(event.text, None)])
+            return b"".join(delta(p) for p in calls.feed(event.text)) or None
+
+        def summary(event: Summary) -> list[bytes]:
+            summaries[index] = event
+            rest = [delta(p) for p in calls.finish()] if calls is not None else []
+            finish = "tool_calls" if calls is not None and calls.calls else finish_reason(event)
+            last = [chunk([choice(None, finish)], localspec=speculation(event))]
+            return rest + last + ([chunk([], usage=total())] if usage and len(summaries) == n else [])
+
+        return StreamFormat(media_type="text/event-stream", round=text, summary=summary, error=error)
+
+    def error(exc: ApiError) -> bytes:
+        return b"data: " + compact({"error": {"message": exc.message, "type": exc.kind}}) + b"\n\n"
+
+    roles = [chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}]) for i in range(n)] if chat else []
+    formats = [one(i) for i in range(n)]
+    return stream(events, dataclasses.replace(formats[0], opening=roles, closing=[b"data: [DONE]\n\n"],
+                                              choices=formats if n > 1 else ()))
