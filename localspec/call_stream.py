@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from localspec.structured import CALL_CLOSE, CALL_OPEN, Tool, new_call_id, parse_calls
+from localspec.structured import CALL_CLOSE, CALL_OPEN, Call, Tool, new_call_id, parse_calls
 
 # A call's JSON up to its arguments' value, in the order the call grammar (and Qwen's template) writes it.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -98,8 +98,7 @@ class CallStream:
                 return
             content, calls = parse_calls(self._buffer, self.tools)
             for call in calls:
-                out += [CallStart(self.calls, call.id, call.name), Arguments(self.calls, json.dumps(call.arguments))]
-                self.calls += 1
+                self._whole(out, call)
             self._buffer = content if calls else self._buffer
             self._mode = "text"
             return
@@ -141,11 +140,15 @@ class CallStream:
         self._buffer = "" if close < 0 else self._buffer[close + len(CALL_CLOSE):]
         _content, calls = parse_calls(CALL_OPEN + block + CALL_CLOSE, self.tools)
         if calls:
-            out += [CallStart(self.calls, calls[0].id, calls[0].name), Arguments(self.calls, json.dumps(calls[0].arguments))]
-            self.calls += 1
+            self._whole(out, calls[0])
         else:
             self._pass(out, CALL_OPEN + block + (CALL_CLOSE if close >= 0 else ""))
         self._mode = "text"
+
+    def _whole(self, out: list[Piece], call: Call) -> None:
+        """A call passed on at once (parsed from its complete text)."""
+        out += [CallStart(self.calls, call.id, call.name), Arguments(self.calls, json.dumps(call.arguments))]
+        self.calls += 1
 
     def _arguments(self, out: list[Piece], final: bool) -> None:
         for i, c in enumerate(self._buffer):

@@ -17,7 +17,7 @@ from typing import Callable, Generator, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
-from localspec.engine.constraint import Constraint
+from localspec.engine.constraint import Constraint, trigger_token
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
 from localspec.engine.answer import Answer
@@ -207,10 +207,8 @@ class Engine:
         if sampling.grammar is None:
             return None
         trigger, vocab = sampling.grammar_trigger, self.target.vocab
-        if trigger is not None:
-            ids = vocab.tokenize(trigger, add_special=False, parse_special=True)
-            if len(ids) != 1 or vocab.token_bytes(ids[0]) != trigger.encode():
-                return None
+        if trigger is not None and trigger_token(vocab, trigger) is None:
+            return None
         return vocab.grammar(sampling.grammar, trigger)
 
     @property

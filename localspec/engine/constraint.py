@@ -39,6 +39,20 @@ class Constraint(Protocol):
     def close(self) -> None: ...
 
 
+class Pieces(Protocol):
+    """What finding a trigger token asks of a vocabulary (engine/model.py's Vocabulary has it)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+def trigger_token(vocab: Pieces, text: str) -> int | None:
+    """The one token whose text is exactly `text` (a lazy grammar's trigger), or None when `text` is
+    several tokens here."""
+    ids = vocab.tokenize(text, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 and vocab.token_bytes(ids[0]) == text.encode() else None
+
+
 def _top(logits: np.ndarray, m: int) -> np.ndarray:
     """The m highest-scoring token ids, best first."""
     if m >= len(logits):

@@ -14,6 +14,7 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.grammar import Grammar
+from localspec.engine.constraint import trigger_token
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
@@ -159,10 +160,10 @@ class Vocab:
         it forbids, which aborts the process)."""
         if trigger is None:
             return Grammar.compile(self._vocab, text)
-        ids = self.tokenize(trigger, add_special=False, parse_special=True)
-        if len(ids) != 1 or self.token_bytes(ids[0]) != trigger.encode():
+        token = trigger_token(self, trigger)
+        if token is None:
             raise LocalspecError(f"A grammar's trigger must be one token; '{trigger}' is not one here.")
-        return Grammar.compile(self._vocab, text, ids[0])
+        return Grammar.compile(self._vocab, text, token)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
