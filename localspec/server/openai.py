@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -177,7 +177,7 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
                      tools=tools, parallel_calls=_parallel(body))
     prefill, events = await served.start(job, request)
-    ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+    ident, created = _ident(chat), int(time.time())
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     if body.stream:
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -186,7 +186,7 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
         "model": served.name, "choices": [_choice(0, summary, tools or [], chat, echo)],
-        "usage": _usage(prefill, summary),
+        "usage": _usage(prefill, [summary]),
         "localspec": speculation(summary),
     })
 
@@ -204,17 +204,15 @@ async def _answer_each(served: Served, request: Request, body: ChatRequest | Com
     prefill, events = await served.start(whole, request)
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(served, events, prefill, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        return _sse(served, events, prefill, _ident(chat),
                     int(time.time()), "chat.completion.chunk" if chat else "text_completion", usage, chat=chat,
                     tools=tools, n=body.n)
     _prefills, summaries = await collect_each(request, whole, events, lambda _i, _event: None)
-    generated = sum(s.generated_tokens for s in summaries.values())
     return JSONResponse({
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        "id": _ident(chat),
         "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
         "model": served.name, "choices": [_choice(i, summaries[i], tools or [], chat, echo) for i in range(body.n)],
-        "usage": {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": generated,
-                  "total_tokens": prefill.prompt_tokens + generated},
+        "usage": _usage(prefill, summaries.values()),
         "localspec": speculation(summaries[0]),
     })
 
@@ -238,9 +236,15 @@ def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: s
     return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
 
 
-def _usage(prefill: Prefill, summary: Summary) -> dict:
-    return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": summary.generated_tokens,
-            "total_tokens": prefill.prompt_tokens + summary.generated_tokens}
+def _usage(prefill: Prefill, summaries: Iterable[Summary]) -> dict:
+    """OpenAI's usage of one prompt and its answers (several for `n`)."""
+    generated = sum(s.generated_tokens for s in summaries)
+    return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": generated,
+            "total_tokens": prefill.prompt_tokens + generated}
+
+
+def _ident(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 
 
 def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kind: str, usage: bool,
@@ -253,11 +257,6 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
                                     "choices": choices, **extra}) + b"\n\n"
 
     summaries: dict[int, Summary] = {}
-
-    def total() -> dict:
-        generated = sum(s.generated_tokens for s in summaries.values())
-        return {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": generated,
-                "total_tokens": prefill.prompt_tokens + generated}
 
     def one(index: int) -> StreamFormat:
         calls = CallStream(tools) if tools and chat else None
@@ -290,7 +289,8 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
             rest = [delta(p) for p in calls.finish()] if calls is not None else []
             finish = "tool_calls" if calls is not None and calls.calls else finish_reason(event)
             last = [chunk([choice(None, finish)], localspec=speculation(event))]
-            return rest + last + ([chunk([], usage=total())] if usage and len(summaries) == n else [])
+            totals = [chunk([], usage=_usage(prefill, summaries.values()))] if usage and len(summaries) == n else []
+            return rest + last + totals
 
         return StreamFormat(media_type="text/event-stream", round=text, summary=summary, error=error)
 
