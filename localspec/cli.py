@@ -265,16 +265,17 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
 @click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True,
               help=DRAFTER_OPTION_HELP)
-@click.option("--ctx", "n_ctx", type=int, default=8192, show_default=True,
-              help="KV cache in tokens, shared out among the slots (as llama-server's -c).")
-@click.option("--slots", type=click.IntRange(1, 16), default=2, show_default=True,
-              help="KV slots: each request uses the one holding the longest prefix of its prompt, so an editor's "
-                   "cache-warming requests do not evict the cache of the completions at the cursor. With 2 or more, "
-                   "an editor's completion runs between the rounds of a chat's answer instead of after it.")
+@click.option("--ctx", "n_ctx", type=int, default=16384, show_default=True,
+              help="KV cache in tokens, shared out among the slots (as llama-server's -c): 4096 for each of 4.")
+@click.option("--slots", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="KV slots (llama-server's -np): each request uses the one holding the longest prefix of its "
+                   "prompt, so an editor's cache-warming requests do not evict the cache of the completions at the "
+                   "cursor. Requests arriving together are decoded together, one slot each (one is kept for "
+                   "completions while an editor uses the server); an editor's completion runs between the rounds "
+                   "of a chat's answer instead of after it.")
 @click.option("--no-join", is_flag=True,
               help="Make a request that arrives while another generates wait for it to end (by default it joins "
-                   "that generation when a slot is free beyond the one kept for completions: both are decoded in "
-                   "the same steps).")
+                   "that generation when a slot is free: both are decoded in the same steps).")
 @click.option("--no-interject", is_flag=True,
               help="Make an editor's completions wait for the answer being generated to end (by default they run "
                    "between its rounds, on another slot).")

@@ -1,14 +1,16 @@
 """N chat clients asking `localspec serve` at the same moment, against one chat alone: aggregate
 tokens/s and every client's time to first token, with requests joining the running generation (the
-server now) and with --no-join (each waits for the one before: what it did before).
+server now), with --no-join (each waits for the one before: what it did before), and llama.cpp's
+`llama-server -np N` on the same file when it is on PATH (or LLAMA_SERVER names it).
 
-    .venv/bin/python scripts/chats_at_once.py                          # 4 chats, --slots 5, 2 trials
-    .venv/bin/python scripts/chats_at_once.py --clients 4 --slots 5 --trials 3 --json out.json
+    .venv/bin/python scripts/chats_at_once.py                          # 4 chats, --slots 4, 2 trials
+    .venv/bin/python scripts/chats_at_once.py --clients 4 --slots 4 --trials 3 --json out.json
+    .venv/bin/python scripts/chats_at_once.py --configs join,llama-server
 
 Each server configuration starts in turn (never two at once), the order of configurations reversed
 on every other trial; per trial: one chat alone, then N at once (streamed OpenAI chat completions,
-greedy, `--tokens` each). A slot is kept for editor completions, so N chats at once need N + 1
-slots. The questions are not the bench's.
+greedy, `--tokens` each). No editor asks these servers for completions, so no slot is kept for them:
+N chats at once need N slots. The questions are not the bench's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parallel_completions import free_port, start_server  # noqa: E402
+from parallel_completions import free_port, llama_server, start_llama_server, start_server  # noqa: E402
+
+CONFIGS = ("join", "no-join", "llama-server")
 
 QUESTIONS = [
     "Explain how a hash map handles collisions, with an example in Python.",
@@ -64,9 +68,12 @@ def at_once(url: str, questions: list[str], tokens: int) -> list[dict]:
     return results
 
 
-def run(entry: str, slots: int, join: bool, clients: int, tokens: int, trial: int) -> dict:
+def run(entry: str, slots: int, config: str, clients: int, tokens: int, trial: int) -> dict:
     port = free_port()
-    proc = start_server(entry, slots, port, extra=[] if join else ["--no-join"])
+    if config == "llama-server":
+        proc = start_llama_server(entry, slots, port)
+    else:
+        proc = start_server(entry, slots, port, extra=["--no-join"] if config == "no-join" else [])
     url = f"http://127.0.0.1:{port}"
     try:
         at_once(url, QUESTIONS[-1:], 8)  # warm-up
@@ -76,12 +83,12 @@ def run(entry: str, slots: int, join: bool, clients: int, tokens: int, trial: in
         proc.terminate()
         proc.wait(30)
     wall = max(r["done_s"] for r in many)
-    row = {"join": join, "slots": slots, "trial": trial, "alone_tokens_per_s": alone["tokens"] / alone["done_s"],
+    row = {"config": config, "slots": slots, "trial": trial, "alone_tokens_per_s": alone["tokens"] / alone["done_s"],
            "alone_first_token_s": alone["first_token_s"],
            "aggregate_tokens_per_s": sum(r["tokens"] for r in many) / wall,
            "first_tokens_s": [r["first_token_s"] for r in many], "clients": many}
     row["aggregate / alone"] = row["aggregate_tokens_per_s"] / row["alone_tokens_per_s"]
-    print(f"{'join' if join else 'no-join'} trial {trial}: alone {row['alone_tokens_per_s']:.1f} tok/s; "
+    print(f"{config} trial {trial}: alone {row['alone_tokens_per_s']:.1f} tok/s; "
           f"{clients} at once "
           f"{row['aggregate_tokens_per_s']:.1f} tok/s in all ({row['aggregate / alone']:.2f}x), first tokens "
           f"{', '.join(f'{s:.1f}' for s in row['first_tokens_s'])} s", flush=True)
@@ -92,22 +99,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entry", default="qwen2.5-coder-1.5b")
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--slots", type=int, default=5)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--configs", default=None,
+                    help=f"comma-separated, of {', '.join(CONFIGS)} (default: all; llama-server when on PATH)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    configs = args.configs.split(",") if args.configs else [c for c in CONFIGS
+                                                             if c != "llama-server" or llama_server() is not None]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"unknown configs: {', '.join(sorted(unknown))} (known: {', '.join(CONFIGS)})")
     rows = []
     for trial in range(args.trials):
-        for join in ((True, False) if trial % 2 == 0 else (False, True)):
-            rows.append(run(args.entry, args.slots, join, args.clients, args.tokens, trial))
+        for config in (configs if trial % 2 == 0 else configs[::-1]):
+            rows.append(run(args.entry, args.slots, config, args.clients, args.tokens, trial))
     print(f"\n| {args.clients} chats at once | aggregate tok/s (x one alone) | first token median / worst |")
     print("|---|---|---|")
-    for join in (True, False):
-        mine = [r for r in rows if r["join"] == join]
+    for config in configs:
+        mine = [r for r in rows if r["config"] == config]
         firsts = [s for r in mine for s in r["first_tokens_s"]]
-        print(f"| {'joining (now)' if join else '--no-join (before)'} | "
-              f"{statistics.median(r['aggregate_tokens_per_s'] for r in mine):.1f} "
+        print(f"| {config} | {statistics.median(r['aggregate_tokens_per_s'] for r in mine):.1f} "
               f"({statistics.median(r['aggregate / alone'] for r in mine):.2f}x) | "
               f"{statistics.median(firsts):.1f} s / {max(firsts):.1f} s |")
     if args.json:

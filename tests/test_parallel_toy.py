@@ -12,6 +12,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
+from localspec.engine.parallel import LEAST_CHUNK, prompt_chunk
 from localspec.errors import LocalspecError
 from toy import ToyModel
 
@@ -142,7 +143,6 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
         rounds = sum(isinstance(e, Round) for e in host)
         if isinstance(event, Round) and rounds == 2:
             engine.join(PROMPT, guests["greedy"].append, max_tokens=30)
-            assert isinstance(guests["greedy"][0], Prefill)  # delivered before join returns
         if isinstance(event, Round) and rounds == 5:
             engine.join(OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
     while engine.step_guests():
@@ -151,7 +151,7 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
     assert answer_tokens(host) == answer_tokens(list(alone.generate(CHAT, max_tokens=40)))
     assert answer_tokens(guests["greedy"]) == _solo(PROMPT, SamplingSettings(temperature=0.0), 30)
     assert answer_tokens(guests["sampled"]) == _solo(OTHER, SAMPLED[0], 12)
-    assert all(isinstance(g[-1], Summary) for g in guests.values())
+    assert all(isinstance(g[0], Prefill) and isinstance(g[-1], Summary) for g in guests.values())
     # Steps held two, then three sequences; while shared the host drafted nothing.
     assert {len(step) for step in target.steps} >= {2, 3}
     shared = [e for e in host if isinstance(e, Round)][2:5]
@@ -247,3 +247,61 @@ def test_completions_interjected_beside_a_guest_take_only_free_slots():
     while engine.step_guests():
         pass
     assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 20) and answer_tokens(guest) == _solo(OTHER, GREEDY[0], 15)
+
+
+LONG = [0] + [(7 * i) % 40 + 2 for i in range(99)]  # 100 tokens: several chunks
+
+
+def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_on():
+    """A joining prompt longer than a step's chunk is evaluated over several steps, each also holding
+    the running generation's pending token (its stream goes on instead of freezing); every prompt
+    position is evaluated once, its Prefill comes when the whole prompt is in, and both answers are
+    their solo answers."""
+    engine, target = _host_engine()
+    guest, host = [], []
+    for event in engine.generate(CHAT, max_tokens=30):
+        host.append(event)
+        if isinstance(event, Round) and event.index == 1:
+            engine.join(LONG, guest.append, max_tokens=10)
+            joined_at = len(target.steps)
+    while engine.step_guests():
+        pass
+    shared = target.steps[joined_at:]
+    seqs = {seq for step in shared for seq, _start, _n in step}
+    assert len(seqs) == 2
+    chunked = [step for step in shared if any(n > 1 for _seq, _start, n in step)]
+    guest_seq = next(seq for seq, _start, n in chunked[0] if n > 1)
+    # the prompt but its last token, in chunks of LEAST_CHUNK (the toy's costs allow no more in a step),
+    # each beside the host's pending token; no position twice (the toy asserts every decode's start)
+    assert [n for step in chunked for seq, _start, n in step if seq == guest_seq] == [32, 32, 32, 3]
+    assert all(len(step) == 2 for step in chunked)
+    assert isinstance(guest[0], Prefill) and guest[0].evaluated == 100 and guest[0].cached == 0
+    assert not any(isinstance(e, Round) for e in guest[:1])
+    assert answer_tokens(guest) == _solo(LONG, GREEDY[0], 10)
+    alone, _ = _host_engine(slots=1)
+    assert answer_tokens(host) == answer_tokens(list(alone.generate(CHAT, max_tokens=30)))
+    assert engine.free_slots() == 3
+
+
+def test_a_guest_cancelled_while_its_prompt_is_evaluated_ends_and_frees_its_slot():
+    engine, target = _host_engine()
+    guest, stop = [], threading.Event()
+    for event in engine.generate(CHAT, max_tokens=20):
+        if isinstance(event, Round) and event.index == 1:
+            engine.join(LONG, guest.append, max_tokens=10, cancel=stop)
+        if isinstance(event, Round) and event.index == 3:
+            stop.set()  # after two of its chunks
+    while engine.step_guests():
+        pass
+    assert [type(e) for e in guest] == [Prefill, Summary]
+    assert guest[0].evaluated == 64 and guest[-1].stop_reason == "cancelled" and guest[-1].generated_tokens == 0
+    assert engine.free_slots() == 3
+
+
+def test_a_step_takes_as_much_of_a_prompt_as_its_costs_allow():
+    linear = lambda n: 0.02 * n  # noqa: E731
+    assert prompt_chunk(0, linear, 512) == 512                      # nobody waits: all that fits
+    assert prompt_chunk(3, linear, 512) == LEAST_CHUNK              # a CPU: never less than the least chunk
+    assert prompt_chunk(3, lambda n: 0.001 * n, 512) == 497         # within the step's time: as much as fits
+    assert prompt_chunk(3, lambda n: 0.01 * n, 512) == 47           # 50 positions in 0.5 s
+    assert prompt_chunk(500, lambda n: 0.0, 512) == 12              # never beyond the batch

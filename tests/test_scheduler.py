@@ -123,8 +123,8 @@ def test_completions_take_at_most_their_share_of_a_generating_answer():
     assert sum(1 for seq, _t in span if seq == chat_seq) > 0  # the chat went on between them
 
 
-def _four_slot_scheduler(batch: bool = True) -> Scheduler:
-    engine = Engine(SlowToy(seed=3, n_seq=4), ToyModel(seed=3, noise_seed=103, noise=1.5),
+def _four_slot_scheduler(batch: bool = True, slots: int = 4) -> Scheduler:
+    engine = Engine(SlowToy(seed=3, n_seq=slots), ToyModel(seed=3, noise_seed=103, noise=1.5),
                     EngineOptions(learn_costs=False), cost=CostModel(dict(COST)), draft_cost_s=0.01)
     return Scheduler(engine, clock=lambda: engine.target.clock, batch=batch)
 
@@ -174,3 +174,22 @@ def test_a_chat_that_arrives_while_another_generates_joins_it(batch):
     else:
         assert finished == ["first", "second"] and scheduler.joined == 0
     assert scheduler.engine.free_slots() == 4 and scheduler.waiting == 0
+
+
+@pytest.mark.parametrize("editor", [False, True])
+def test_a_slot_is_kept_for_completions_only_while_an_editor_is_around(editor):
+    """Two slots: with no editor seen, a second chat joins the first (every slot can hold a chat); once an
+    editor has asked for a completion, the second slot is kept for its completions and the chat waits."""
+    scheduler = _four_slot_scheduler(slots=2)
+    try:
+        if editor:
+            completion = Job(COMPLETION, 4, SamplingSettings(), endpoint="infill", urgent=True)
+            asyncio.run(_run(scheduler, completion, [], "completion"))
+        first, second, finished, _first_token = asyncio.run(_two_chats(scheduler))
+    finally:
+        scheduler.close()
+    assert answer_tokens(first) == _plain(CHAT, 200) and answer_tokens(second) == _plain(OTHER_CHAT, 20)
+    if editor:
+        assert finished == ["first", "second"] and scheduler.joined == 0
+    else:
+        assert finished == ["second", "first"] and scheduler.joined == 1

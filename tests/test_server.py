@@ -28,7 +28,7 @@ def server(smollm2_path):
 
 @pytest.fixture(scope="module")
 def fim_server(qwen_coder_path):
-    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048, slots=2) as running:  # as serve's default
+    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048, slots=2) as running:  # a chat's slot and a completion's
         yield running
 
 
@@ -260,6 +260,33 @@ def test_a_chat_that_arrives_while_another_streams_joins_it_and_finishes_first(b
     assert answered_during_chat and _metric(batch_server, "joined_total") == before + 1
     assert reply["choices"][0]["message"]["content"] and reply["usage"]["completion_tokens"] <= 16
     assert busy.count(True) >= 1 and len(chatting.text) > 200
+
+
+def test_a_long_prompt_that_joins_does_not_freeze_the_stream_it_joins(batch_server):
+    """A chat with a long prompt joins a streaming chat: its prompt is evaluated in chunks within the
+    shared steps, so the first chat's stream goes on while it is evaluated (evaluated at once, it would
+    stand still until the joining chat's first token)."""
+    story = {"messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}],
+             "max_tokens": 400, "temperature": 0}
+    code = "".join(f"def helper_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))  # ~700 tokens
+    long = {"messages": [{"role": "user", "content": code + "Which helper returns 42 for x = 6?"}],
+            "max_tokens": 4, "temperature": 0, "stream": True}
+    before, chunks_before = _metric(batch_server, "joined_total"), _metric(batch_server, "prompt_chunks_total")
+    chatting = StreamingChat(batch_server, story).start()
+    sent_at = len(chatting.streamed)
+    first_at = None
+    with httpx.stream("POST", batch_server.url + "/v1/chat/completions", json=long, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and first_at is None:
+                first_at = len(chatting.streamed)
+    still_streaming = not chatting.finished.is_set()
+    chatting.thread.join(300)
+    assert _metric(batch_server, "joined_total") == before + 1 and still_streaming
+    # Every chunk's step carried a token of the story. How many chunks depends on this machine's costs (a
+    # step holds what fits in half a second, at least 32 tokens), but at least two: a step holds at most
+    # a batch (512 tokens).
+    chunks = _metric(batch_server, "prompt_chunks_total") - chunks_before + 1
+    assert chunks >= 2 and first_at is not None and first_at - sent_at >= chunks - 1, (chunks, sent_at, first_at)
 
 
 def test_infill_without_fim_tokens_is_refused_clearly(server):

@@ -120,6 +120,7 @@ class ToyModel:
         rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
+        self.n_batch = n_ctx  # tokens one decode may hold
         self.vocab = ToyVocab(n_vocab)
         self.a = rng.normal(size=(n_vocab, n_vocab)) * sharpness
         self.b = rng.normal(size=(n_vocab, n_vocab)) * sharpness * 0.5

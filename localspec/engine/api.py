@@ -24,7 +24,7 @@ from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, Vocabulary
-from localspec.engine.parallel import Guests, Lane, decode_together
+from localspec.engine.parallel import Guests, Lane, decode_together, prompt_chunk
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
@@ -72,7 +72,8 @@ class Engine:
         self._side: Planner | None = None   # interjections' planner (copies only)
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
-        self._guests = Guests(lambda: self.cost.plain_tokens_per_s)  # requests that joined the generation
+        self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation
+                              chunk=lambda rows: prompt_chunk(rows, self.cost.verify, target.n_batch))
         self._lone: Lane | None = None  # the last guest left, drafting with the engine's planner
         self._lock = threading.Lock()
         self._maintaining = False
@@ -319,8 +320,9 @@ class Engine:
                          seconds=prefill.seconds)
         lanes = []
         for i, request in enumerate(group):
-            lanes.append(self._lane(request, prefill if i == 0 else shared, t0, index=first + i, everyone=everyone))
-            yield first + i, lanes[-1].prefill
+            own = prefill if i == 0 else shared
+            lanes.append(self._lane(request, own, t0, index=first + i, everyone=everyone))
+            yield first + i, own
         yield from decode_together(lanes, self.cost.plain_tokens_per_s)
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
@@ -328,8 +330,9 @@ class Engine:
              cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         """A request decoded together with the running generation from its next step on: called between
         two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
-        two `step_guests`. Its prompt is evaluated now into a free slot; its events go to `deliver` (its
-        Prefill before this returns), its rounds from inside the running generation's steps. None drafts
+        two `step_guests`. It takes a free slot now; its prompt is evaluated in chunks within the
+        following steps (engine/parallel.py); its events go to `deliver` (its Prefill once its prompt is
+        in), its rounds from inside the running generation's steps. None drafts
         while several share a step (engine/parallel.py); the last one left after the generation ended
         drafts with `drafter` (`_lone_round`). Raises LocalspecError for a request the engine refuses,
         or when no slot is free."""
@@ -345,11 +348,11 @@ class Engine:
             raise LocalspecError("No KV slot is free for another request.")
         t0 = time.perf_counter()
         try:
-            prefill = self._prefill(request, None, t0)
+            request.kv, cached = self.slots.place(request.prompt)
         except BaseException:
             request.close()
             raise
-        self._guests.join(self._lane(request, prefill, t0, deliver=deliver))
+        self._guests.join(self._lane(request, None, t0, deliver=deliver, cached=cached))
         if paused and current is not None:
             current.waited_s += time.perf_counter() - t0
 
@@ -468,17 +471,18 @@ class Engine:
         yield from answer.finish(stop_reason, prefill, wall, self.cost.plain_tokens_per_s, request.label,
                                  len(kv.tokens))
 
-    def _lane(self, request: Request, prefill: Prefill, t0: float, *, index: int = -1,
+    def _lane(self, request: Request, prefill: Prefill | None, t0: float, *, index: int = -1,
               context: list[int] | None = None, everyone: threading.Event | None = None,
-              deliver: Callable[[Event], None] | None = None) -> Lane:
-        """A prefilled request's sequence: its slot, context (the prompt's, unless given), sampler and
-        answer (time to its first token counted from `t0`); `everyone` cancels its group."""
+              deliver: Callable[[Event], None] | None = None, cached: int = 0) -> Lane:
+        """A request's sequence: its slot, context (the prompt's, unless given), sampler and answer (time
+        to its first token counted from `t0`); `everyone` cancels its group. Without `prefill`, its prompt
+        is evaluated within shared steps (its slot held `cached` of it)."""
         assert request.kv is not None  # (set by _prefill)
         meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
         return Lane(index, request, request.kv, list(request.prompt) if context is None else context,
                     Sampler(request.sampling, self._infill_vocab()),
                     Answer(self.target.vocab, request.max_tokens, request.stop, meter, t0),
-                    everyone or request.cancel, prefill, deliver=deliver)
+                    everyone or request.cancel, prefill, cached, deliver=deliver)
 
     def _learn(self, step: Step, context_len: int) -> None:
         """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""

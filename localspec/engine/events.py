@@ -18,6 +18,7 @@ class Prefill:
     evaluated: int   # prompt tokens the target actually ran
     cached: int      # prompt tokens reused from the KV cache
     seconds: float
+    chunks: int = 1  # evaluations it was spread over (a prompt that joined others' steps, in chunks)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "prefill", **asdict(self)}

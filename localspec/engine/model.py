@@ -105,6 +105,10 @@ class LanguageModel(Protocol):
     @property
     def n_seq(self) -> int: ...
     @property
+    def n_batch(self) -> int:
+        """Tokens one decode may hold (a step of several sequences)."""
+        ...
+    @property
     def can_shift(self) -> bool:
         """Whether cached positions can be moved down (`cut`); not every model's cache can."""
         ...

@@ -67,15 +67,20 @@ class Slots:
         kv.last_used = self._taken
         self.latest = kv
 
-    def prefill(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
-        """The prompt into a free slot's KV cache, all but its last token (the first round evaluates that
-        one), keeping the longest cached prefix and, with `cache_reuse`, the cached runs that moved.
-        Returns the slot, taken, and how many of the prompt's tokens it kept."""
+    def place(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
+        """A free slot for `prompt`, taken, holding the longest cached prefix and, with `cache_reuse`,
+        the cached runs that moved; nothing evaluated yet. Returns the slot and how many of the
+        prompt's tokens it keeps (at most all but the last: the first round evaluates that one)."""
         kv, reuse = self.for_prompt(prompt)
         self.take(kv)
         if self.cache_reuse:
             reuse = kv.reuse(prompt, self.cache_reuse)
         keep = min(reuse, len(prompt) - 1)
         kv.rewind(keep)
+        return kv, keep
+
+    def prefill(self, prompt: Sequence[int]) -> tuple[KvSequence, int]:
+        """`place`, then the rest of the prompt but its last token evaluated at once."""
+        kv, keep = self.place(prompt)
         kv.extend(prompt[keep:-1])
         return kv, keep

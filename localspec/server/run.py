@@ -163,7 +163,7 @@ def start_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0, sock
 
 
 def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_key: str | None,
-          n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 2,
+          n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 4,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
           cache_reuse: int = 16, flash_attn: bool | None = None, max_body: int | None = None,
           interject: bool = True, join: bool = True) -> None:

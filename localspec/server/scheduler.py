@@ -11,8 +11,8 @@ answer to end: the chat pauses between two rounds while it runs on another slot
 (`Engine.generate(interject=True)`), then carries on. Completions may take at most URGENT_SHARE of the
 engine's time while another answer is generated (a token bucket of URGENT_BURST_S), so a chat keeps
 the rest however fast an editor asks; a completion its editor abandoned while it waited never runs.
-A request that arrives while another generates joins it when a slot is free beyond the one kept for
-completions (`Engine.join`): from the next step on both are decoded in one `llama_decode` per step, so
+A request that arrives while another generates joins it when a slot is free (beyond one kept for
+completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engine.join`): from the next step on both are decoded in one `llama_decode` per step, so
 a second chat starts at once instead of after the first; once the first ends, the others go on
 (`Engine.step_guests`) and what arrives meanwhile joins them.
 When nothing is waiting the thread lets the engine do what it put off for a quiet moment (`maintain`:
@@ -65,6 +65,9 @@ _END = object()
 # (docs/performance.md, "Completions while a chat streams").
 URGENT_SHARE = 0.3
 URGENT_BURST_S = 1.0
+# A slot is kept free for completions only while an editor is around: one asked for a completion within
+# this many seconds. Without an editor every slot can hold a chat (4 chats at once with 4 slots).
+EDITOR_IDLE_S = 600.0
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Metrics:
     cancelled: int = 0
     prompt_tokens: int = 0
     prompt_tokens_cached: int = 0
+    prompt_chunks: int = 0  # evaluations of prompts spread over others' steps (beyond one per prompt)
     generated_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -95,6 +99,7 @@ class Metrics:
         if prefill:
             self.prompt_tokens += prefill.prompt_tokens
             self.prompt_tokens_cached += prefill.cached
+            self.prompt_chunks += prefill.chunks - 1
 
 
 class Scheduler:
@@ -116,6 +121,7 @@ class Scheduler:
         self.joined = 0       # jobs that joined another's generation so far
         self._allowance = URGENT_BURST_S  # seconds urgent jobs may take now from the answer being generated
         self._allowance_at = clock()
+        self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
@@ -139,6 +145,8 @@ class Scheduler:
         job.events = asyncio.Queue()
         self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
         with self._changed:
+            if job.urgent:
+                self._editor_at = self._clock()
             (self._urgent if job.urgent and self.interject else self._jobs).append(job)
             self._changed.notify()
         finished = False
@@ -188,7 +196,7 @@ class Scheduler:
 
     def _between(self) -> None:
         """Between two rounds of the running generation: waiting requests join it while slots are free
-        beyond the one kept for completions, then a waiting completion may run."""
+        (beyond one kept for completions while an editor is around), then a waiting completion may run."""
         self._join_waiting(host_running=True)
         if self._urgent:
             self._run_urgent()
@@ -211,12 +219,12 @@ class Scheduler:
         return not self.batch or self.engine.free_slots() > 0
 
     def _join_waiting(self, host_running: bool) -> None:
-        """The oldest waiting request joins the generation if a slot is free (with `host_running`, beyond
-        the one kept for completions, and completions themselves run between its rounds or wait for it, as
-        --no-interject says). One per step: a joining prompt is evaluated while the others wait, so
-        several at once would pause their streams for all those prompts. Several completions of one
-        prompt (a group) wait for their turn."""
-        keep = 1 if host_running and self.interject else 0
+        """The oldest waiting request joins the generation if a slot is free (with `host_running` and an
+        editor around, beyond one kept for its completions, and completions themselves run between its
+        rounds or wait for it, as --no-interject says). One per step: joining prompts are evaluated in
+        chunks within the steps, the oldest first, so a later one would wait for them anyway. Several
+        completions of one prompt (a group) wait for their turn."""
+        keep = 1 if host_running and self.interject and self._editor_around() else 0
         if self.batch and self.engine.free_slots() > keep:
             with self._changed:
                 waiting = [*self._jobs] if host_running else [*self._urgent, *self._jobs]
@@ -227,6 +235,9 @@ class Scheduler:
                     if any(j is job for j in queued):
                         del queued[next(i for i, j in enumerate(queued) if j is job)]
             self._join(job)
+
+    def _editor_around(self) -> bool:
+        return self._editor_at is not None and self._clock() - self._editor_at < EDITOR_IDLE_S
 
     def _join(self, job: Job) -> None:
         send = self._sender(job)
@@ -360,6 +371,8 @@ class Scheduler:
         metric("cancelled_total", "counter", "Generations cancelled (the client went away).", m.cancelled)
         metric("prompt_tokens_total", "counter", "Prompt tokens received.", m.prompt_tokens)
         metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from the KV cache.", m.prompt_tokens_cached)
+        metric("prompt_chunks_total", "counter", "Extra evaluations of prompts evaluated in chunks within other "
+               "requests' steps (a prompt in 3 chunks counts 2).", m.prompt_chunks)
         metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens)
         metric("drafted_tokens_total", "counter", "Draft tokens proposed.", m.drafted_tokens)
         metric("accepted_tokens_total", "counter", "Draft tokens the target accepted.", m.accepted_tokens)
