@@ -48,6 +48,7 @@ class ScriptedEngine(OneRequestAtATime):
     draft: bool = True                       # a draft model is loaded (offers the drafter "model")
     n_ctx: int = 4096
     fail_after: int | None = None            # raise mid-answer after this many rounds
+    shared: int = 0                          # other requests decoded in the same steps (a server's)
     calls: list = field(default_factory=list)
     closed: bool = False
     baseline_tokens_per_s: float = 10.0
@@ -110,7 +111,8 @@ class ScriptedEngine(OneRequestAtATime):
             event = Round(index=i, drafter="model" if accepted or rejected else "none", accepted=accepted,
                           rejected=rejected, token=7 if tok else None, token_kind="correction" if rejected else "bonus",
                           accepted_text=acc, rejected_text=rej, token_text=tok, text=acc + tok,
-                          draft_s=0.001, verify_s=0.01, pieces=tuple(p for p in (acc, tok) if p))
+                          draft_s=0.001, verify_s=0.01, pieces=tuple(p for p in (acc, tok) if p),
+                          shared=self.shared)
             tally.add(event)
             text += acc + tok
             yield event

@@ -155,7 +155,7 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
     # Steps held two, then three sequences; while shared the host drafted nothing.
     assert {len(step) for step in target.steps} >= {2, 3}
     shared = [e for e in host if isinstance(e, Round)][2:5]
-    assert all(e.drafter == "none" and not e.rejected for e in shared)
+    assert all(e.drafter == "none" and not e.rejected and e.shared >= 1 for e in shared)
     assert engine.free_slots() == 3
     assert answer_tokens(list(engine.generate(OTHER, max_tokens=4))) == _solo(OTHER, GREEDY[0], 4)  # free again
 

@@ -75,6 +75,22 @@ async def test_answer_streams_with_accepted_and_rejected_spans_styled():
         assert app.stats.tally.drafted == 10 and app.stats.tally.accepted == 7
 
 
+@pytest.mark.parametrize("shared", [0, 2])
+async def test_the_stats_panel_says_whether_the_answer_is_decoded_with_other_requests(shared):
+    """Connected to a server (chat --connect) that decodes other requests' answers in the same steps,
+    the live panel says so."""
+    hold = threading.Event()
+    app = make_app(ScriptedProvider(ScriptedEngine(hold=hold, shared=shared)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "write add")
+        await until(pilot, lambda: app.stats.tally.rounds > 0)
+        shown = str(app.stats.query_one("#stats-numbers").visual)
+        hold.set()
+        await until(pilot, lambda: not app.generating)
+    assert ("decoded  with 2 other requests" if shared else "decoded  alone") in shown
+
+
 async def test_hiding_rejected_tokens_rerenders_the_stream():
     hold = threading.Event()
     app = make_app(ScriptedProvider(ScriptedEngine(steps=[("a", "WRONG", "b"), ("c", "", "d")], hold=hold)))

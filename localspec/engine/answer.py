@@ -101,5 +101,6 @@ class Answer:
             speedup=speedup.factor,
             baseline_tokens_per_s=speedup.baseline_tokens_per_s,
             baseline_measured=speedup.measured,
+            shared=step.shared,
         )
 

@@ -46,6 +46,7 @@ class Round:
     speedup: float = 0.0              # the answer's speedup so far (engine/speedup.py: the one rule)
     baseline_tokens_per_s: float = 0.0  # plain decoding's rate on the answer so far, by that rule
     baseline_measured: bool = False   # from measured plain rounds (False: the calibration's estimate)
+    shared: int = 0                   # other requests decoded in the same step (a server's concurrent work)
 
     @property
     def drafted(self) -> int:

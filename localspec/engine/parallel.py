@@ -135,7 +135,7 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None) -> tu
         lane.context.append(token)
         if constraint is not None:
             constraint.accept(token)
-        steps.append(Step(draft=Draft.empty(), accepted=0, token=token, verify_s=seconds))
+        steps.append(Step(draft=Draft.empty(), accepted=0, token=token, verify_s=seconds, shared=len(lanes) - 1))
     return steps, seconds, sum(len(tokens) for _kv, tokens in parts)
 
 

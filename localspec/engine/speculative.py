@@ -38,6 +38,7 @@ class Step:
     accepted: int
     token: int
     verify_s: float
+    shared: int = 0  # other sequences evaluated in the same decode (requests decoded together)
 
     @property
     def kind(self) -> str:

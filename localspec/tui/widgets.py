@@ -302,6 +302,7 @@ class StatsPanel(Vertical):
         self.recent: deque[tuple[int, float]] = deque(maxlen=4)
         self.last_draft = 0
         self.last_drafter = "—"
+        self.shared = 0               # other requests in the latest round's decode (a server's)
         self.history: list[float] = []
         self.showing_stored = False
 
@@ -319,7 +320,9 @@ class StatsPanel(Vertical):
             "drafted nothing, timed in this session at a similar context length ('plain est': not measured "
             "yet, the one-token cost timed at load). speedup: the time plain decoding would have taken over "
             "the time taken (`localspec bench` compares with llama-cpp-python's own Llama).\n"
-            "1st token: from sending to the first answer token (prompt evaluation and the first round).")
+            "1st token: from sending to the first answer token (prompt evaluation and the first round).\n"
+            "decoded: with other requests when a server (chat --connect) decodes others' answers in the same "
+            "steps; no drafts then.")
         self.refresh_numbers()
 
     @staticmethod
@@ -353,6 +356,7 @@ class StatsPanel(Vertical):
             self.history.append(sum(n for n, _ in self.recent) / spent if spent > 0 else 0.0)
             self.last_draft = event.drafted
             self.last_drafter = event.drafter
+            self.shared = event.shared
             self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
         elif isinstance(event, Summary):
             self.tokens_per_s = event.tokens_per_s
@@ -394,6 +398,8 @@ class StatsPanel(Vertical):
             ("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}\n",
             ("per round", "dim"), f"{per_round:6.2f} tokens\n",
             ("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted\n",
+            ("decoded  ", "dim"), (f"with {self.shared} other request{'s' if self.shared > 1 else ''}\n"
+                                   if self.shared else "alone\n"),
             ("setting  ", "dim"), self.drafter_label or "—",
         )
         self.query_one("#stats-numbers", Static).update(lines)
