@@ -12,7 +12,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
-from localspec.engine.parallel import LEAST_CHUNK, prompt_chunk
+from localspec.engine.parallel import LEAST_CHUNK, STEP_S, prompt_chunk
 from localspec.errors import LocalspecError
 from toy import ToyModel
 
@@ -249,7 +249,7 @@ def test_completions_interjected_beside_a_guest_take_only_free_slots():
     assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 20) and answer_tokens(guest) == _solo(OTHER, GREEDY[0], 15)
 
 
-LONG = [0] + [(7 * i) % 40 + 2 for i in range(99)]  # 100 tokens: several chunks
+LONG = [0] + [(7 * i) % 40 + 2 for i in range(199)]  # 200 tokens: several chunks
 
 
 def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_on():
@@ -273,9 +273,9 @@ def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_
     guest_seq = next(seq for seq, _start, n in chunked[0] if n > 1)
     # the prompt but its last token, in chunks of LEAST_CHUNK (the toy's costs allow no more in a step),
     # each beside the host's pending token; no position twice (the toy asserts every decode's start)
-    assert [n for step in chunked for seq, _start, n in step if seq == guest_seq] == [32, 32, 32, 3]
+    assert [n for step in chunked for seq, _start, n in step if seq == guest_seq] == [64, 64, 64, 7]
     assert all(len(step) == 2 for step in chunked)
-    assert isinstance(guest[0], Prefill) and guest[0].evaluated == 100 and guest[0].cached == 0
+    assert isinstance(guest[0], Prefill) and guest[0].evaluated == 200 and guest[0].cached == 0
     assert not any(isinstance(e, Round) for e in guest[:1])
     assert answer_tokens(guest) == _solo(LONG, GREEDY[0], 10)
     alone, _ = _host_engine(slots=1)
@@ -294,7 +294,7 @@ def test_a_guest_cancelled_while_its_prompt_is_evaluated_ends_and_frees_its_slot
     while engine.step_guests():
         pass
     assert [type(e) for e in guest] == [Prefill, Summary]
-    assert guest[0].evaluated == 64 and guest[-1].stop_reason == "cancelled" and guest[-1].generated_tokens == 0
+    assert guest[0].evaluated == 128 and guest[-1].stop_reason == "cancelled" and guest[-1].generated_tokens == 0
     assert engine.free_slots() == 3
 
 
@@ -302,6 +302,25 @@ def test_a_step_takes_as_much_of_a_prompt_as_its_costs_allow():
     linear = lambda n: 0.02 * n  # noqa: E731
     assert prompt_chunk(0, linear, 512) == 512                      # nobody waits: all that fits
     assert prompt_chunk(3, linear, 512) == LEAST_CHUNK              # a CPU: never less than the least chunk
-    assert prompt_chunk(3, lambda n: 0.001 * n, 512) == 497         # within the step's time: as much as fits
-    assert prompt_chunk(3, lambda n: 0.01 * n, 512) == 47           # 50 positions in 0.5 s
+    assert prompt_chunk(3, lambda n: 0.0001 * n, 512) == 509        # within the step's time: as much as fits
+    per = STEP_S / 100                                              # 100 positions in a step's time
+    assert prompt_chunk(3, lambda n: per * n, 512) == 97
     assert prompt_chunk(500, lambda n: 0.0, 512) == 12              # never beyond the batch
+
+
+def test_a_prompt_sharing_a_prefix_with_another_slot_copies_it_instead_of_evaluating_it():
+    """A request whose prompt starts like the one a busy slot holds (a chat template's system prompt, an
+    agent's instructions) gets that prefix copied into its own slot: only the rest is evaluated, and
+    its answer is its solo answer."""
+    engine, target = _host_engine()
+    shared = LONG[:40]
+    first, second = shared + [3, 4, 5], shared + [6, 7]
+    guest = []
+    for event in engine.generate(first, max_tokens=12):
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(second, guest.append, max_tokens=10)
+    while engine.step_guests():
+        pass
+    assert isinstance(guest[0], Prefill) and guest[0].cached == 40 and guest[0].evaluated == 2
+    assert not [step for step in target.steps if any(n > 1 for _seq, _start, n in step)]  # no prompt chunk
+    assert answer_tokens(guest) == _solo(second, GREEDY[0], 10)

@@ -193,3 +193,28 @@ def test_a_slot_is_kept_for_completions_only_while_an_editor_is_around(editor):
         assert finished == ["first", "second"] and scheduler.joined == 0
     else:
         assert finished == ["second", "first"] and scheduler.joined == 1
+
+
+def test_chats_waiting_together_all_join_at_the_next_round():
+    """Three chats that arrive while one generates join it at once (one slot each; their prompts are
+    then evaluated in the following steps), not one per round: a step soon holds all four sequences."""
+    scheduler = _four_slot_scheduler()
+
+    async def four() -> list[list]:
+        first = asyncio.create_task(_run(scheduler, Job(CHAT, 120, SamplingSettings(), endpoint="chat"), [], "0"))
+        while not scheduler.running:
+            await asyncio.sleep(0.001)
+        others = [asyncio.create_task(_run(scheduler, Job(p, 20, SamplingSettings(), endpoint="chat"), [], str(i)))
+                  for i, p in enumerate((OTHER_CHAT, COMPLETION, CHAT[:5]), 1)]
+        return [await first] + [await task for task in others]
+
+    try:
+        answers = asyncio.run(four())
+    finally:
+        scheduler.close()
+    assert scheduler.joined == 3
+    assert answer_tokens(answers[1]) == _plain(OTHER_CHAT, 20) and answer_tokens(answers[2]) == _plain(COMPLETION, 20)
+    steps = scheduler.engine.target.steps
+    assert any(len(step) == 4 for step in steps)
+    first_joined = next(i for i, step in enumerate(steps) if len(step) > 1)
+    assert len(steps[first_joined]) == 4  # all three in the first shared step

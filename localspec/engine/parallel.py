@@ -37,12 +37,13 @@ from localspec.engine.sampling import Sampler
 from localspec.engine.speculative import Step, decide
 
 
-# A shared step evaluates at most this long a chunk of a joining prompt beside the others' pending tokens
-# (at the calibrated costs), but never fewer than LEAST_CHUNK tokens: on a 2-core AVX2 CPU 16 prompt
-# tokens at once cost ~33 ms each, 64 ~22 ms (scripts/verify_costs.py), so small chunks would make
-# every prompt dearer. Measured: scripts/chats_at_once.py (docs/performance.md, "Chats at once").
-STEP_S = 0.5
-LEAST_CHUNK = 32
+# A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
+# calibrated verify costs (which price a logits row per position: a prompt's chunk, with one, costs
+# about half that on a 2-core AVX2 CPU), but never fewer than LEAST_CHUNK tokens: smaller chunks make
+# every joining prompt dearer and its first token later. Measured: scripts/chats_at_once.py
+# (docs/performance.md, "Chats at once").
+STEP_S = 1.0
+LEAST_CHUNK = 64
 
 
 def prompt_chunk(rows: int, verify: Callable[[int], float], room: int, step_s: float = STEP_S,

@@ -219,13 +219,14 @@ class Scheduler:
         return not self.batch or self.engine.free_slots() > 0
 
     def _join_waiting(self, host_running: bool) -> None:
-        """The oldest waiting request joins the generation if a slot is free (with `host_running` and an
-        editor around, beyond one kept for its completions, and completions themselves run between its
-        rounds or wait for it, as --no-interject says). One per step: joining prompts are evaluated in
-        chunks within the steps, the oldest first, so a later one would wait for them anyway. Several
+        """The waiting requests join the generation, oldest first, while slots are free (with
+        `host_running` and an editor around, beyond one kept for its completions, and completions
+        themselves run between its rounds or wait for it, as --no-interject says). They join at once:
+        their prompts are evaluated in chunks within the following steps, the oldest first (so each
+        starts as soon as the ones before it allow, and none waits a round to be admitted). Several
         completions of one prompt (a group) wait for their turn."""
         keep = 1 if host_running and self.interject and self._editor_around() else 0
-        if self.batch and self.engine.free_slots() > keep:
+        while self.batch and self.engine.free_slots() > keep:
             with self._changed:
                 waiting = [*self._jobs] if host_running else [*self._urgent, *self._jobs]
                 job = next((j for j in waiting if not j.group and not (host_running and j.urgent)), None)
