@@ -122,7 +122,8 @@ def run(entry: str, slots: int, n: int, trials: int, tokens: int, server: str = 
                 row[f"{way} tokens"] = [c.get("tokens_predicted") for c in out]
             row["together / one"] = row["together"] / row["one"]
             row["in turn / one"] = row["in turn"] / row["one"]
-            print(f"{server} slots {slots} trial {trial}: one {row['one']:.2f} s, n_cmpl {n} together {row['together']:.2f} s "
+            print(f"{server} slots {slots} trial {trial}: one {row['one']:.2f} s, "
+                  f"n_cmpl {n} together {row['together']:.2f} s "
                   f"({row['together / one']:.2f}x), in turn {row['in turn']:.2f} s ({row['in turn / one']:.2f}x)",
                   flush=True)
             rows.append(row)

@@ -28,7 +28,8 @@ def server(smollm2_path):
 
 @pytest.fixture(scope="module")
 def fim_server(qwen_coder_path):
-    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048, slots=2) as running:  # a chat's slot and a completion's
+    # two slots: a chat's and a completion's
+    with serving(qwen_coder_path, "qwen2.5-coder-0.5b-instruct", 2048, slots=2) as running:
         yield running
 
 

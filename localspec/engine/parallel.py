@@ -215,8 +215,8 @@ class Guests:
     def step(self, host: Lane | None = None,
              alone: Callable[[Lane], Step | None] | None = None) -> tuple[Step | None, float]:
         """One step: the host's (if any) with every guest's (or a chunk of a guest's prompt); the guests'
-        events delivered, those that ended retired (their slots free). Returns the host's step and its share of the step's time.
-        With no host and one guest left, `alone` (if given) makes that guest's round instead: a
+        events delivered, those that ended retired (their slots free). Returns the host's step and its
+        share of the step's time. With no host and one guest left, `alone` (if given) makes that guest's round instead: a
         speculative one, None when its context is full."""
         if host is None and alone is not None and len(self.lanes) == 1 and self.lanes[0].prefill is not None:
             rounds, host_step, share = self._alone(self.lanes[0], alone), None, 0.0

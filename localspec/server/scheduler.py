@@ -12,9 +12,10 @@ answer to end: the chat pauses between two rounds while it runs on another slot
 engine's time while another answer is generated (a token bucket of URGENT_BURST_S), so a chat keeps
 the rest however fast an editor asks; a completion its editor abandoned while it waited never runs.
 A request that arrives while another generates joins it when a slot is free (beyond one kept for
-completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engine.join`): from the next step on both are decoded in one `llama_decode` per step, so
-a second chat starts at once instead of after the first; once the first ends, the others go on
-(`Engine.step_guests`) and what arrives meanwhile joins them.
+completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engine.join`): its prompt
+is evaluated in chunks within the following steps, then both are decoded in one `llama_decode` per
+step, so a second chat starts at once instead of after the first; once the first ends, the others go
+on (`Engine.step_guests`) and what arrives meanwhile joins them.
 When nothing is waiting the thread lets the engine do what it put off for a quiet moment (`maintain`:
 measuring its costs again), which the next request interrupts.
 """
