@@ -324,3 +324,28 @@ def test_a_prompt_sharing_a_prefix_with_another_slot_copies_it_instead_of_evalua
     assert isinstance(guest[0], Prefill) and guest[0].cached == 40 and guest[0].evaluated == 2
     assert not [step for step in target.steps if any(n > 1 for _seq, _start, n in step)]  # no prompt chunk
     assert answer_tokens(guest) == _solo(second, GREEDY[0], 10)
+
+
+def test_joining_prompts_are_evaluated_oldest_first_within_each_steps_budget():
+    """Two long prompts joining at once: each step spends its budget on the older prompt first, the
+    rest on the newer one, so the older one starts first; both answers are their solo answers."""
+    engine, target = _host_engine()
+    other = [0] + [(11 * i) % 40 + 2 for i in range(99)]  # 100 tokens
+    first, second = [], []
+    for event in engine.generate(CHAT, max_tokens=30):
+        if isinstance(event, Round) and event.index == 1:
+            engine.join(LONG, first.append, max_tokens=6)
+            engine.join(other, second.append, max_tokens=6)
+            joined_at = len(target.steps)
+    while engine.step_guests():
+        pass
+    chunks = [[(seq, n) for seq, _start, n in step if n > 1] for step in target.steps[joined_at:]]
+    chunks = [c for c in chunks if c]
+    older, newer = chunks[0][0][0], None
+    for step in chunks:
+        assert sum(n for _seq, n in step) <= LEAST_CHUNK  # the step's budget (the toy's costs: the least)
+        newer = next((seq for seq, _n in step if seq != older), newer)
+    assert [n for step in chunks for seq, n in step if seq == older] == [64, 64, 64, 7]
+    assert [n for step in chunks for seq, n in step if seq == newer] == [57, 42]  # the 4th step's rest, then on
+    assert answer_tokens(first) == _solo(LONG, GREEDY[0], 6) and answer_tokens(second) == _solo(other, GREEDY[0], 6)
+    assert engine.free_slots() == 3
