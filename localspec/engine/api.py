@@ -332,9 +332,9 @@ class Engine:
         two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
         two `step_guests`. It takes a free slot now; its prompt is evaluated in chunks within the
         following steps (engine/parallel.py); its events go to `deliver` (its Prefill once its prompt is
-        in), its rounds from inside the running generation's steps. None drafts
-        while several share a step (engine/parallel.py); the last one left after the generation ended
-        drafts with `drafter` (`_lone_round`). Raises LocalspecError for a request the engine refuses,
+        in), its rounds from inside the running generation's steps. None drafts while several share a
+        step (engine/parallel.py); the last one left after the generation ended drafts with `drafter`
+        (`_lone_round`). Raises LocalspecError for a request the engine refuses,
         or when no slot is free."""
         request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
                                 "default", stop, cancel or threading.Event(), False)

@@ -105,10 +105,15 @@ class Lane:
         evaluated in chunks, the rest of the prompt."""
         return self.context[len(self.kv.tokens):]
 
+    @property
+    def prompt_in(self) -> bool:
+        """Whether its cache holds all its context but the pending token (its prompt is in)."""
+        return len(self.context) - len(self.kv.tokens) == 1
+
     def prefilled(self) -> Prefill:
         """Its Prefill, once its prompt is in or it ended before (evaluated: as alone, its last token too,
         which its first step evaluates)."""
-        evaluated = len(self.kv.tokens) + (len(self.unevaluated()) == 1) - self.cached
+        evaluated = len(self.kv.tokens) + self.prompt_in - self.cached
         self.prefill = Prefill(prompt_tokens=len(self.request.prompt), evaluated=evaluated,
                                cached=self.cached, seconds=time.perf_counter() - self.started,
                                chunks=max(self.chunks, 1))
@@ -149,12 +154,12 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
     for lane in lanes:
         lane.ended = lane.stops_before_step()
     going = [lane for lane in lanes if lane.ended is None]
-    decoding = [lane for lane in going if len(lane.unevaluated()) == 1]
+    decoding = [lane for lane in going if lane.prompt_in]
     together = ([host] if host is not None else []) + decoding
     budget = max(chunk(len(together)), 0 if together else 1)
     chunks: dict[int, int] = {}
     for lane in going:
-        if len(lane.unevaluated()) > 1 and budget > 0:
+        if not lane.prompt_in and budget > 0:
             n = min(budget, len(lane.unevaluated()) - 1)
             chunks[len(together)] = n
             lane.chunks += 1
@@ -170,7 +175,7 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
         if step is not None:
             event, lane.ended = lane.answer.add(step, len(lane.context) - 1, share, priced=True)
             events.append((lane, event))
-        elif len(lane.unevaluated()) == 1:  # its prompt is in: its first token is decoded in the next step
+        elif lane.prompt_in:  # its first token is decoded in the next step
             events.append((lane, lane.prefilled()))
     return events, host_step, share
 
@@ -194,7 +199,7 @@ class Guests:
     """Requests that joined the running generation: each step of that generation (then on alone, the
     guests' own steps) holds their pending tokens too. Their events go to each one's `deliver`."""
 
-    def __init__(self, estimate_tokens_per_s: Callable[[], float], chunk: Callable[[int], int] = lambda rows: 1 << 30):
+    def __init__(self, estimate_tokens_per_s: Callable[[], float], chunk: Callable[[int], int]):
         self.lanes: list[Lane] = []
         self._estimate = estimate_tokens_per_s
         self._chunk = chunk  # prompt tokens a step may evaluate beside `rows` pending tokens
@@ -206,7 +211,7 @@ class Guests:
         """A request from the next step on: its prompt (what its slot does not hold) is evaluated in
         chunks within the steps, then it decodes with the others."""
         assert lane.deliver is not None
-        if lane.prefill is None and len(lane.unevaluated()) == 1:  # its slot held all of it but the last
+        if lane.prefill is None and lane.prompt_in:  # its slot held all of it but the last
             lane.prefilled()
         if lane.prefill is not None:
             lane.deliver(lane.prefill)
