@@ -45,6 +45,8 @@ async def settle(pilot):
         assert time.monotonic() < deadline, "the scripted engine never loaded"
         await pilot.pause(0.02)
     app.clear_notifications()
+    for editor in app.query("Input, TextArea"):  # a blinking cursor made the picture depend on the moment
+        editor.cursor_blink = False
     await pilot.pause()
 
 
