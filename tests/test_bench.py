@@ -71,6 +71,28 @@ def test_speedups_are_against_the_faster_plain_decoding():
     assert "| code | 0 | auto | Llama 11.5 |" in b.markdown(list(rows.values()))
 
 
+def test_prompts_slower_than_plain_beyond_the_runs_noise_are_named():
+    """localspec's and Llama's plain decoding run at one speed, so their per-prompt gap is the run's noise:
+    a drafted prompt below plain by more than that (and below 0.97x) is named; one within it is not."""
+    runs = []
+    for prompt, plain, llama, auto in (("chat-1", 10.0, 10.5, 9.0), ("chat-2", 10.0, 9.6, 9.6), ("chat-3", 10.0, 10.0, 10.4)):
+        for repeat in (0, 1):
+            runs += [run(prompt, "plain", plain, [1], suite="chat", repeat=repeat),
+                     run(prompt, "llama-cpp-python", llama, [1], suite="chat", repeat=repeat),
+                     run(prompt, "auto", auto, [1], suite="chat", repeat=repeat)]
+    rows = {(r.suite, r.variant): r for r in b.summarize(runs)}
+    auto = rows["chat", "auto"]
+    assert auto.noise == pytest.approx(0.05)                     # chat-1: Llama 5% faster than plain
+    assert auto.slower == {"chat-1": pytest.approx(0.9)}         # 0.90x: beyond 5%; chat-2's 0.96x is within it
+    notes = b.slower_prompts(list(rows.values()))
+    assert "chat auto T=0: slower than plain beyond the noise (plain and Llama differed by up to 5% on a prompt): " \
+           "chat-1 0.90x" in notes
+    without_llama = b.summarize([r for r in runs if r.variant != "llama-cpp-python"])
+    auto = next(r for r in without_llama if r.suite == "chat" and r.variant == "auto")
+    assert auto.noise is None and set(auto.slower) == {"chat-1", "chat-2"}  # no noise measured: the 0.97x bar alone
+    assert "noise not measured" in b.slower_prompts(without_llama)
+
+
 def test_speedup_bound_is_the_best_length_under_the_costs():
     flat = lambda n: 1.0  # noqa: E731  a GPU-like verify: any small batch costs one token
     assert speedup_bound(0.0, flat, 0.0) == pytest.approx(1.0)
@@ -205,3 +227,26 @@ def test_variants_alternate_by_prompt_and_by_repeat(monkeypatch):
     runner.bench(Engine(), prompts, drafters=["auto"], temperatures=[0.0], max_tokens=4, repeat=2, peers=False)
     assert [v for _p, _r, v in order] == ["plain", "auto", "auto", "plain", "auto", "plain", "plain", "auto"]
     assert [(p, r) for p, r, _v in order[:4]] == [("code-1", 0), ("code-1", 0), ("code-1", 1), ("code-1", 1)]
+
+
+def test_a_suite_of_your_own_from_a_yaml_file(tmp_path):
+    from localspec.bench.suites import load_suites
+    from localspec.errors import LocalspecError
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\nprompts:\n- Rename x to y.\n- Add a docstring.\n")
+    prompts = load_suites(["edit", str(mine)])
+    assert [p.id for p in prompts if p.suite == "mine"] == ["mine-1", "mine-2"]
+    assert prompts[-1].text == "Add a docstring."
+    with pytest.raises(LocalspecError, match="Cannot read the suite file"):
+        load_suites([str(tmp_path / "missing.yaml")])
+    (tmp_path / "bad.yaml").write_text("just: [a, list\n")
+    with pytest.raises(LocalspecError, match="is not a suite file"):
+        load_suites([str(tmp_path / "bad.yaml")])
+    (tmp_path / "empty.yaml").write_text("name: empty\nprompts: []\n")
+    with pytest.raises(LocalspecError, match="lists no prompts"):
+        load_suites([str(tmp_path / "empty.yaml")])
+    from pathlib import Path
+
+    shipped = load_suites([str(Path(__file__).parents[1] / "scripts" / "heldout_edit2.yaml")])  # a held-out set
+    assert len(shipped) == 8 and shipped[0].suite == "edit-heldout-2"

@@ -277,11 +277,11 @@ def test_ngram_lookup_realigns_with_its_source_after_an_edit():
     ngram = NgramDrafter()
     sampler = Sampler(SamplingSettings())
     first = ngram.propose(prompt + [10, 11], 4, sampler)
-    assert first.tokens == [12, 13, 14, 15] and not first.continuing
+    assert first.tokens == [12, 13, 14, 15] and not first.note.continuing
     ngram.observe(first, accepted=1)            # the answer copied 12, then edited 13 into 50
     # The answer now ends "... 12 50 13": 13 occurs twice before; the copy continues at the source.
     after = ngram.propose(prompt + [10, 11, 12, 50, 13], 3, sampler)
-    assert after.tokens == [14, 15, 16] and after.continuing
+    assert after.tokens == [14, 15, 16] and after.note.continuing
 
 
 def test_ngram_index_kept_up_to_date_finds_what_a_fresh_index_finds():
@@ -300,8 +300,7 @@ def test_ngram_index_kept_up_to_date_finds_what_a_fresh_index_finds():
             d.reset(prompt_len=len(context) // 2)
         for _round in range(25):
             a, b = growing.propose(context, 6), fresh.propose(list(context), 6)
-            assert (a.tokens, a.evidence, a.continuing, a.age, a.from_prompt) == \
-                   (b.tokens, b.evidence, b.continuing, b.age, b.from_prompt)
+            assert (a.tokens, a.evidence, a.note) == (b.tokens, b.evidence, b.note)
             assert growing.replacements == fresh.replacements
             if a.tokens:
                 kept, token = rng.randrange(len(a.tokens) + 1), rng.randrange(vocab)
@@ -324,7 +323,7 @@ def test_ngram_copy_resumes_past_a_substituted_token():
     assert first.tokens == [12, 13, 14, 15]
     ngram.observe(first, accepted=1)  # kept 12; the target wrote 77 where the source has 13
     resumed = ngram.propose(source + [10, 11, 12, 77], 3, sampler)
-    assert resumed.tokens == [14, 15, 16] and resumed.continuing and resumed.evidence == 0
+    assert resumed.tokens == [14, 15, 16] and resumed.note.continuing and resumed.evidence == 0
 
 
 def test_ngram_copy_learns_a_rename_and_applies_it_later():
@@ -409,13 +408,13 @@ def test_a_copy_is_as_old_as_its_agreement_with_the_source():
     ngram = NgramDrafter()
     ngram.reset(prompt_len=len(source))
     draft = ngram.propose(source + [13, 14, 15], 4, None)
-    assert draft.tokens == [16, 17, 18, 19] and draft.age == 3 and draft.from_prompt
+    assert draft.tokens == [16, 17, 18, 19] and draft.note.age == 3 and draft.note.from_prompt
     # Eight tokens back the answer agrees with the source even beyond the 6-gram the lookup matches on.
     draft = ngram.propose(source + [10, 11, 12, 13, 14, 15, 16, 17], 2, None)
-    assert draft.tokens == [18, 19] and draft.age == 8
+    assert draft.tokens == [18, 19] and draft.note.age == 8
     # Copies of the answer itself are told apart from copies of the prompt.
     ngram.reset(prompt_len=3)
-    assert not ngram.propose(source + [13, 14, 15], 4, None).from_prompt
+    assert not ngram.propose(source + [13, 14, 15], 4, None).note.from_prompt
 
 
 def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment():
@@ -427,7 +426,7 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
     draft = ngram.propose(source + [10, 11, 12, 77, 14, 15], 6, None)
     assert ngram.replacements == {13: 77}
     assert draft.tokens == [16, 17, 77, 18, 19, 40]          # the rename is applied ahead
-    assert draft.age == 6                                    # and the age counts through it
+    assert draft.note.age == 6                               # and the age counts through it
     # A single differing token with no agreement after it is an edit under way, not a rename.
     other = NgramDrafter()
     other.reset(prompt_len=len(source))
@@ -448,13 +447,13 @@ def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     assert young.tokens == []                                 # age 3: kept 75% then 85%..., not worth a batch
     planner.start(source)
     old = planner.draft(source + list(range(100, 112)), room=100, sampler=None)
-    assert old.age == 12 and len(old.tokens) == 15
+    assert old.note.age == 12 and len(old.tokens) == 15
     # Where young copies have been holding in this request, a young copy is drafted long at once
     # (no cap by its age: an edit's copy resumes after each edit point).
     for _ in range(6):
         copies.acceptance[True].observe(3, 15, 15)
     resumed = planner.draft(source + [100, 101, 102], room=100, sampler=None)
-    assert resumed.age == 3 and len(resumed.tokens) == 15
+    assert resumed.note.age == 3 and len(resumed.tokens) == 15
     # One break of an old copy does not price copies out for the rest of the answer (its prior weighs
     # 16 copied tokens, adaptive.COPY_PRIOR_STRENGTHS); young copies that keep failing are priced out.
     planner.start(source)
@@ -478,7 +477,7 @@ def test_answers_open_the_way_other_conversations_answers_opened():
         openings.remember(answer)
     openings.start([0, 9, 9])
     draft, rates = openings.propose([0, 9, 9], 8)
-    assert draft.tokens == [7, 8, 9] and draft.opening                # what two conversations agree on
+    assert draft.tokens == [7, 8, 9] and draft.note.opening                # what two conversations agree on
     assert rates == [3 / 5, 3 / 4, 3 / 4]                             # 2 of 3 answers, then 2 of 2
     assert openings.propose([0, 9, 9, 7], 8)[0].tokens == [8, 9]
     assert openings.propose([0, 9, 9, 7, 8, 9], 8)[0].tokens == []   # they part here

@@ -9,11 +9,11 @@ suites (the prompts) -> runner (localspec's variants) and peers (`Llama`, llama.
 """
 
 from localspec.bench.peers import PEERS, LlamaPeer, PeerFailed, Run
-from localspec.bench.report import Row, draft_costs, markdown, meta, summarize, to_json
+from localspec.bench.report import Row, draft_costs, markdown, meta, slower_prompts, summarize, to_json
 from localspec.bench.runner import DRAFTERS, bench, bench_sessions, next_messages, run_engine
 from localspec.bench.suites import (FIRST_REQUEST, SESSION_KINDS, SESSIONS, SUITES, Prompt, Session, load_sessions,
                                     load_suites, parse_prompts)
 
-__all__ = ["PEERS", "LlamaPeer", "PeerFailed", "Run", "Row", "draft_costs", "markdown", "meta", "summarize", "to_json",
+__all__ = ["PEERS", "LlamaPeer", "PeerFailed", "Run", "Row", "draft_costs", "markdown", "meta", "slower_prompts", "summarize", "to_json",
            "DRAFTERS", "bench", "bench_sessions", "next_messages", "run_engine", "FIRST_REQUEST", "SESSION_KINDS",
            "SESSIONS", "SUITES", "Prompt", "Session", "load_sessions", "load_suites", "parse_prompts"]

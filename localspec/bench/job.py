@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any, Callable
 
-from localspec.bench.report import draft_costs, markdown, meta, summarize, to_json
+from localspec.bench.report import SLOWER, draft_costs, markdown, meta, slower_prompts, summarize, to_json
 from localspec.bench.runner import DRAFTERS, bench, bench_sessions
 from localspec.bench.suites import SESSIONS, load_sessions, load_suites
 from localspec.errors import LocalspecError
@@ -73,6 +73,9 @@ def run(entry: str, *, drafter: str, suites: list[str], max_tokens: int, repeat:
                      drafters=drafters, peers_not_run=not_run)
     report = [markdown(rows), "\nSpeedups are against the faster plain decoding in this run (localspec's, or "
               "llama-cpp-python's `Llama` on the same file); first token: median from an empty cache, prompt included."]
+    if notes := slower_prompts(rows):
+        report.append("\nPrompts slower than localspec's plain decoding (below "
+                      f"{SLOWER:.2f}x and below what this run's noise explains):\n{notes}")
     report += [f"{peer}: not run ({why})" for peer, why in not_run.items()]
     report += [f"\n{role}: {name}, {human_bytes(size)}{note}" for role, name, size, note in about["draft_files"]]
     if json_path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
@@ -60,10 +61,27 @@ def load_suites(names: Iterable[str]) -> list[Prompt]:
     for name in names:
         if name == SESSIONS:
             continue  # run by bench_sessions
+        if name.endswith((".yaml", ".yml")):
+            prompts.extend(_suite_file(Path(name)))
+            continue
         if name not in SUITES:
             raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join((*SUITES, SESSIONS))}.")
         text = resources.files("localspec").joinpath("bench_prompts", f"{name}.yaml").read_text()
         prompts.extend(parse_prompts(text, name))
+    return prompts
+
+
+def _suite_file(path: Path) -> list[Prompt]:
+    """A suite of your own (scripts/heldout_edit.yaml: edits nothing was tuned on), in the shipped
+    suites' format: `name:` and `prompts:`."""
+    try:
+        prompts = parse_prompts(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise LocalspecError(f"Cannot read the suite file {path}: {e.strerror or e}.") from None
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise LocalspecError(f"{path} is not a suite file (a `name:` and a list of `prompts:`): {e}") from None
+    if not prompts:
+        raise LocalspecError(f"{path} lists no prompts.")
     return prompts
 
 

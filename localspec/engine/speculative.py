@@ -123,7 +123,7 @@ def decide(logits: np.ndarray, context: list[int], draft: Draft, sampler: Sample
     tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
     if sampler.greedy:
         choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i], rows[i]))
-        if draft.replay and sampler.settings.replayable:
+        if draft.exact and sampler.settings.replayable:
             accepted, token = accept_replayed(draft.tokens, choices,
                                               lambda i, t: float(logits[i].max() - logits[i][t]))
         else:
@@ -240,7 +240,7 @@ class Planner:
 
     def _plain_probe(self, context_len: int, offer: Offer) -> bool:
         """Whether to decode this round plainly, to measure plain decoding at this context length."""
-        if self.fixed_len is not None or self.plain_wanted is None or offer.draft is not None and offer.draft.replay:
+        if self.fixed_len is not None or self.plain_wanted is None or offer.draft is not None and offer.draft.exact:
             return False
         return offer.rate < (1 + PLAIN_PROBE_GAIN) / self.cost.verify(1) and self.plain_wanted(context_len)
 

@@ -23,17 +23,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class Draft:
+    """One round's proposal, in the shape every drafter uses: the engine reads everything but `note`,
+    which belongs to the drafter that made it (its `observe` gets the draft back), so a new drafter
+    adds a module, not fields here."""
+
     tokens: list[int]
     q: np.ndarray | None = None   # (len(tokens), n_vocab) when sampling with a model drafter
     source: str = "none"          # the registered name of the drafter that made it, or "none"
-    evidence: int = 0             # lookups: length of the match behind the proposal
-    continuing: bool = False      # n-gram: the match carries on the previous round's copy
-    age: int = 0                  # lookups: tokens before the proposal that agree with its source
-    from_prompt: bool = False     # n-gram: copied from the prompt (the text being edited), not the answer
-    opening: bool = False         # n-gram: how this session's other answers began, not a copy of this context
-    replay: bool = False          # history: the target's own greedy answer to this same context (accept_replayed)
+    exact: bool = False           # the target's own greedy answer to this same context (accept_replayed)
+    evidence: int = 0             # lookups: tokens of agreement behind the proposal (shown on its round)
     seconds: float = 0.0
-    per_token_s: float | None = None  # steady-state drafting cost, when this draft measured one
+    note: object = None           # the drafter's own record of how it made the draft
 
     @staticmethod
     def empty() -> "Draft":

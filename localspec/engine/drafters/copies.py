@@ -7,7 +7,7 @@ from typing import Sequence
 from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, COPY_PRIOR_STRENGTHS, PROMPT_COPY_PRIORS, CopyAcceptance,
                                        best_length, margin_for)
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
-from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
+from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter, copy_of
 
 
 class CopyDrafter(Drafter):
@@ -56,14 +56,16 @@ class CopyDrafter(Drafter):
         """Each position priced by what copies of its age did: a young copy's first tokens carry its
         low rates into every length, so it is drafted long only where long batches cost little more
         than short ones and young copies have been holding (adaptive.COPY_PRIOR_STRENGTHS)."""
-        copies = self.acceptance[proposal.from_prompt]
-        rates = copies.rates(proposal.age, len(proposal.tokens))
-        return best_length(rates, plan.cost, 0.0, margin_for(copies.samples(proposal.age)))
+        copy = copy_of(proposal)
+        copies = self.acceptance[copy.from_prompt]
+        rates = copies.rates(copy.age, len(proposal.tokens))
+        return best_length(rates, plan.cost, 0.0, margin_for(copies.samples(copy.age)))
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
-        if draft.opening:
+        copy = copy_of(draft)
+        if copy.opening:
             return
-        self.acceptance[draft.from_prompt].observe(draft.age, len(draft.tokens), accepted)
+        self.acceptance[copy.from_prompt].observe(copy.age, len(draft.tokens), accepted)
         self.lookup.observe(draft, accepted, token)
 
     def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 from localspec.engine.adaptive import (HISTORY_AGE_CLASSES, HISTORY_COPY_PRIORS, CopyAcceptance, best_length,
                                        margin_for)
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.drafters.ngram import Copy, copy_of
 from localspec.engine.drafters.suffix_index import (SuffixIndex, context_digest, file_lock, file_stamp, load_index,
                                                     model_key, save_index)
 
@@ -98,7 +99,7 @@ class HistoryDrafter(Drafter):
         tokens, chances, age = self.index.propose(context, cap)
         if not tokens:
             return None
-        draft = Draft(tokens=tokens, source=self.name, age=age, evidence=age)
+        draft = Draft(tokens=tokens, source=self.name, evidence=age, note=Copy(age=age))
         if plan.fixed_len is not None:
             return Offer(len(tokens), float("inf"), draft)
         longest = min(len(tokens), max(self.min_len, 2 * age))
@@ -118,18 +119,18 @@ class HistoryDrafter(Drafter):
         tokens = recorded[done:done + cap].tolist()
         if not tokens:
             return None
-        draft = Draft(tokens=tokens, source=self.name, age=done, evidence=done, replay=True)
+        draft = Draft(tokens=tokens, source=self.name, exact=True, evidence=done, note=Copy(age=done))
         if plan.fixed_len is not None:
             return Offer(len(tokens), float("inf"), draft)
         k, rate = best_length([REPLAY_CHANCE] * len(tokens), plan.cost, 0.0)
         return Offer(k, rate, draft)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
-        if draft.replay:  # a replay kept short of its end has parted from the recorded answer
+        if draft.exact:  # a replay kept short of its end has parted from the recorded answer
             if accepted < len(draft.tokens):
                 self._replay = None
             return
-        self.acceptance.observe(draft.age, len(draft.tokens), accepted)
+        self.acceptance.observe(copy_of(draft).age, len(draft.tokens), accepted)
 
     def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         if not self.recording or not answer:

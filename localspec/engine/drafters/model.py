@@ -121,8 +121,8 @@ class ModelDrafter(Drafter):
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
-        if draft.per_token_s is not None and self.learn_costs:
-            self.cost.observe(1, draft.per_token_s)
+        if draft.note is not None and self.learn_costs:  # seconds per token, where the draft measured them
+            self.cost.observe(1, float(draft.note))
 
     # ------------------------------------------------------------------ drafting
 
@@ -194,6 +194,7 @@ class ModelDrafter(Drafter):
             q=np.stack(rows[:len(tokens)]) if rows else None,
             source=self.name,
             seconds=seconds,
-            # A long catch-up (a new prompt) says nothing about the steady cost per token.
-            per_token_s=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
+            # The note: seconds per drafted token, when this draft measured the steady cost (a long
+            # catch-up, a new prompt, says nothing about it).
+            note=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
         )

@@ -5,9 +5,28 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from localspec.engine.drafters.base import Draft
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A lookup's note on its draft (`Draft.note`): what the copy is, for pricing and for `observe`."""
+
+    age: int = 0               # tokens before the proposal that agree with its source
+    from_prompt: bool = False  # copied from the prompt (the text being edited), not the answer
+    continuing: bool = False   # the match carries on the previous round's copy
+    opening: bool = False      # how this session's other answers began, not a copy of this context
+
+
+NO_COPY = Copy()
+
+
+def copy_of(draft: Draft) -> Copy:
+    """The lookup's note on a draft (a plain `Copy()` for one made elsewhere)."""
+    return draft.note if isinstance(draft.note, Copy) else NO_COPY
 
 
 class NgramDrafter:
@@ -170,9 +189,9 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], max_len: int, sampler: object = None) -> Draft:
         t0 = time.perf_counter()
         tokens, evidence = self.lookup(context, max_len)
-        return Draft(tokens=tokens, source="ngram", evidence=evidence, continuing=bool(tokens) and self._continuing,
-                     age=self._age if tokens else 0, from_prompt=self._last_start is not None and bool(tokens) and self._last_start < self.prompt_len,
-                     seconds=time.perf_counter() - t0)
+        note = Copy(age=self._age, from_prompt=self._last_start is not None and self._last_start < self.prompt_len,
+                    continuing=self._continuing) if tokens else NO_COPY
+        return Draft(tokens=tokens, source="ngram", evidence=evidence, note=note, seconds=time.perf_counter() - t0)
 
     def observe(self, draft: Draft, accepted: int, token: int | None = None) -> None:
         """Remember how far the copy got, so the next lookup continues from the same source.
@@ -185,7 +204,7 @@ class NgramDrafter:
         self._learn_replacement(draft, accepted, token)
         # A copy is under way when some of it was kept, or when it came from a long or continuing match
         # (then a rejection is an edit, not a coincidence). Otherwise forget the source position.
-        copying = accepted > 0 or draft.continuing or draft.evidence >= 3
+        copying = accepted > 0 or copy_of(draft).continuing or draft.evidence >= 3
         self._cursor = self._last_start + accepted if copying else None
         # Guess a substitution once, after a real match broke; a failed guess is not guessed on.
         broke = copying and accepted < len(draft.tokens) and (draft.evidence > 0 or accepted > 0)
@@ -254,4 +273,4 @@ class OpeningDrafter:
             rates.append((count + 1) / (len(others) + 2))
             others = [o for o in others if len(o) > at and o[at] == token]
             at += 1
-        return (Draft(tokens=tokens, source="ngram", opening=True), rates) if tokens else (Draft.empty(), [])
+        return (Draft(tokens=tokens, source="ngram", note=Copy(opening=True)), rates) if tokens else (Draft.empty(), [])
