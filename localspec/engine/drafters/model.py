@@ -121,8 +121,8 @@ class ModelDrafter(Drafter):
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
-        if draft.note is not None and self.learn_costs:  # seconds per token, where the draft measured them
-            self.cost.observe(1, float(draft.note))
+        if isinstance(draft.note, float) and self.learn_costs:  # seconds per token, where the draft measured them
+            self.cost.observe(1, draft.note)
 
     # ------------------------------------------------------------------ drafting
 
