@@ -39,7 +39,7 @@ import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import measure_costs
 from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
-from localspec.engine.speculative import Planner
+from localspec.engine.speculative import Drafting
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
@@ -98,15 +98,12 @@ def replay(data: dict) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     control = set(data["control"])
-    copies = CopyDrafter(NgramDrafter(ends_copy=control.__contains__), OpeningDrafter())
-    planner = Planner(mode="ngram", cost=CostModel(dict(costs)), drafters=[copies], learn_costs=False)
+    drafting = Drafting(CostModel(dict(costs)), [CopyDrafter(control.__contains__, OpeningDrafter())], learn_costs=False)
     price = CostModel(dict(costs))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
-        planner.configure("ngram", None)
-        planner.start(item["prompt"])
-        planner.finish(item["prompt"], item["answer"])  # the plain run comes first, as in the bench
-        planner.start(item["prompt"])
+        drafting.planner(item["prompt"], "ngram").finish(item["answer"])  # the plain run comes first, as in the bench
+        planner = drafting.planner(item["prompt"], "ngram")
         truth = _truth(data, item)
         context, seconds = list(item["prompt"]), 0.0
         while len(context) - len(item["prompt"]) < len(truth):

@@ -219,10 +219,10 @@ def test_the_planner_takes_a_plain_round_instead_of_a_small_gain_while_plain_is_
         def offer(self, context, room, plan):
             return Offer(1, 1.1 / plan.cost.verify(1), Draft([7], source="ngram"))
 
-    from localspec.engine.speculative import Planner
+    from localspec.engine.speculative import Drafting
 
     plain = PlainRounds()
-    planner = Planner(mode="auto", cost=CostModel({1: 1.0, 2: 1.5}), drafters=[Small()], plain_wanted=plain.wanted)
+    planner = Drafting(CostModel({1: 1.0, 2: 1.5}), [Small()], plain_wanted=plain.wanted).planner([1, 2])
     assert planner.draft([1, 2, 3], 8, None).tokens == []  # plain decoding here is not measured yet
     for _ in range(3):
         plain.record(3, 1.0)

@@ -162,16 +162,15 @@ def test_a_draft_model_judged_bad_is_still_probed_now_and_then():
     # Cheap verification and a perfect, cheap draft model whose record says it is always wrong.
     engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
     engine.drafter("model").p_min = 0.0
-    planner = engine.planner_for("model", None)
     acceptance = engine.drafter("model").acceptance
     acceptance.tried = [4000.0] * 8
     acceptance.kept = [0.0] * 8
-    judged = acceptance.rates(1)[0]
     rounds = [e for e in engine.generate([0, 5, 9, 11], max_tokens=200) if isinstance(e, Round)]
     probes = [i for i, r in enumerate(rounds) if r.drafter == "model"]
-    assert probes[0] >= planner.probe_every - 1 and all(len(rounds[i].accepted) == 1 for i in probes)
+    assert probes[0] >= engine.drafting.probing.every - 1 and all(len(rounds[i].accepted) == 1 for i in probes)
     assert probes[2] - probes[1] > probes[1] - probes[0]       # each probe doubles the wait for the next
-    assert acceptance.rates(1)[0] > judged        # and what they found counts
+    learnt = engine.drafter("model").acceptance  # the request's record, kept when it ended
+    assert learnt is not acceptance and learnt.kept[0] > 0  # and what they found counts
 
 
 def test_a_draft_model_that_cannot_pay_costs_nothing():
@@ -213,12 +212,18 @@ def test_the_longest_drafts_are_lengths_the_planner_can_choose():
 
 def test_each_request_prices_copies_from_the_priors_again():
     """What copies did in one request (an edit copies its input; a story does not) says little about
-    the next: the n-gram tables start from their priors, so a bad request cannot lock the lookup out."""
+    the next: each request's copies start from the priors, so a bad request cannot lock the lookup
+    out, and a request running beside it keeps its own record."""
     engine = _engine(draft=False, drafter="ngram")
-    list(engine.generate([0, 20, 21, 22, 23, 20, 21, 22], max_tokens=80))
-    assert any(sum(copies.tried) > 0 for copies in engine.drafter("ngram").acceptance.values())
-    engine.planner_for("ngram", None).start([0, 1])
-    assert all(sum(copies.tried) == 0 for copies in engine.drafter("ngram").acceptance.values())
+    first = engine.planner_for("ngram", None, prompt=[0, 20, 21, 22, 23, 20, 21, 22])
+    context = [0, 20, 21, 22, 23, 20, 21, 22]
+    draft = first.draft(context, 8, None)
+    assert draft.tokens  # a copy of 23, 20, 21, 22...
+    first.observe(draft, 0, 0.01, len(draft.tokens) + 1, 99)
+    assert any(sum(copies.tried) > 0 for copies in first.turn("ngram").acceptance.values())
+    second = engine.planner_for("ngram", None, prompt=[0, 1])
+    assert all(sum(copies.tried) == 0 for copies in second.turn("ngram").acceptance.values())
+    assert any(sum(copies.tried) > 0 for copies in first.turn("ngram").acceptance.values())
 
 
 def test_adaptive_length_drafts_long_when_the_draft_is_right_and_cheap():
@@ -436,35 +441,33 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
 
 def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     from localspec.engine.drafters import CopyDrafter
-    from localspec.engine.speculative import Planner
+    from localspec.engine.speculative import Drafting
 
     cost = CostModel({1: 1.0, 2: 1.9, 4: 3.2, 8: 5.0, 16: 6.0})  # the shape of a CPU with AVX-512
     source = list(range(100, 140))
-    copies = CopyDrafter()
-    planner = Planner(mode="ngram", cost=cost, drafters=[copies], learn_costs=False)
-    planner.start(source)
+    drafting = Drafting(cost, [CopyDrafter()], learn_costs=False)
+    planner = drafting.planner(source, "ngram")
     young = planner.draft(source + [100, 101, 102], room=100, sampler=None)
     assert young.tokens == []                                 # age 3: kept 75% then 85%..., not worth a batch
-    planner.start(source)
+    planner = drafting.planner(source, "ngram")
     old = planner.draft(source + list(range(100, 112)), room=100, sampler=None)
     assert old.note.age == 12 and len(old.tokens) == 15
     # Where young copies have been holding in this request, a young copy is drafted long at once
     # (no cap by its age: an edit's copy resumes after each edit point).
     for _ in range(6):
-        copies.acceptance[True].observe(3, 15, 15)
+        planner.turn("ngram").acceptance[True].observe(3, 15, 15)
     resumed = planner.draft(source + [100, 101, 102], room=100, sampler=None)
     assert resumed.note.age == 3 and len(resumed.tokens) == 15
     # One break of an old copy does not price copies out for the rest of the answer (its prior weighs
     # 16 copied tokens, adaptive.COPY_PRIOR_STRENGTHS); young copies that keep failing are priced out.
-    planner.start(source)
-    copies.acceptance[True].observe(12, 15, 2)
+    planner = drafting.planner(source, "ngram")
+    planner.turn("ngram").acceptance[True].observe(12, 15, 2)
     assert len(planner.draft(source + list(range(100, 112)), room=100, sampler=None).tokens) == 15
-    flat = Planner(mode="ngram", cost=CostModel({1: 1.0, 2: 1.8, 4: 2.1, 8: 3.2, 16: 3.4}),  # RPC workers' shape
-                   drafters=[copies], learn_costs=False)
-    flat.start(source)
+    flat = Drafting(CostModel({1: 1.0, 2: 1.8, 4: 2.1, 8: 3.2, 16: 3.4}),  # RPC workers' shape
+                    [CopyDrafter()], learn_costs=False).planner(source, "ngram")
     assert len(flat.draft(source + [100, 101, 102], room=100, sampler=None).tokens) == 15
     for _ in range(3):
-        copies.acceptance[True].observe(3, 15, 0)
+        flat.turn("ngram").acceptance[True].observe(3, 15, 0)
     assert flat.draft(source + [100, 101, 102], room=100, sampler=None).tokens == []
 
 
@@ -472,28 +475,26 @@ def test_answers_open_the_way_other_conversations_answers_opened():
     from localspec.engine.drafters import OpeningDrafter
 
     openings = OpeningDrafter(length=4, support=2)
+
+    def propose(prompt, answer_so_far=()):
+        return openings.propose([*prompt, *answer_so_far], 8, OpeningDrafter.conversation(prompt), len(prompt))
+
     for prompt, answer in (([0, 5], [7, 8, 9, 10]), ([0, 6], [7, 8, 9, 11]), ([0, 7], [3, 3, 3, 3])):
-        openings.start(prompt)
-        openings.remember(answer)
-    openings.start([0, 9, 9])
-    draft, rates = openings.propose([0, 9, 9], 8)
+        openings.remember(prompt, answer)
+    draft, rates = propose([0, 9, 9])
     assert draft.tokens == [7, 8, 9] and draft.note.opening                # what two conversations agree on
     assert rates == [3 / 5, 3 / 4, 3 / 4]                             # 2 of 3 answers, then 2 of 2
-    assert openings.propose([0, 9, 9, 7], 8)[0].tokens == [8, 9]
-    assert openings.propose([0, 9, 9, 7, 8, 9], 8)[0].tokens == []   # they part here
-    assert openings.propose([0, 9, 9, 4], 8)[0].tokens == []         # no other answer opened so
+    assert propose([0, 9, 9], [7])[0].tokens == [8, 9]
+    assert propose([0, 9, 9], [7, 8, 9])[0].tokens == []   # they part here
+    assert propose([0, 9, 9], [4])[0].tokens == []         # no other answer opened so
     # Answers to the same conversation never count: a regenerated answer (or a benchmark's plain
     # run of the same prompt) must not feed the next one.
-    openings.start([0, 1, 1])
-    openings.remember([4, 4, 4, 4])
-    openings.start([0, 1, 1])
-    openings.remember([4, 4, 4, 4])
-    assert openings.propose([0, 1, 1], 8)[0].tokens == [7, 8, 9]
+    openings.remember([0, 1, 1], [4, 4, 4, 4])
+    openings.remember([0, 1, 1], [4, 4, 4, 4])
+    assert propose([0, 1, 1])[0].tokens == [7, 8, 9]
     # Two answers in a row that opened otherwise: the session changed subject, the old opening is dropped.
-    openings.start([0, 2, 2])
-    openings.remember([5, 5, 5, 5])
-    openings.start([0, 3, 3])
-    assert openings.propose([0, 3, 3], 8)[0].tokens == []
+    openings.remember([0, 2, 2], [5, 5, 5, 5])
+    assert propose([0, 3, 3])[0].tokens == []
 
 
 def test_the_engine_drafts_a_shared_opening_and_output_is_unchanged():
@@ -689,6 +690,36 @@ def test_an_interjection_between_rounds_leaves_the_waiting_generation_exact(draf
     # The engine is free again, and the interjections' slot kept the last completion's cache.
     again = list(engine.generate([0, 30, 2, 3, 17, 30, 2, 9], max_tokens=4))
     assert again[0].cached >= 6 and _tokens(again) == _plain([0, 30, 2, 3, 17, 30, 2, 9], 4)
+
+
+def test_requests_planning_side_by_side_draft_as_each_would_alone():
+    """Each request plans with its own planner and its drafters' own turns (copies followed, their
+    acceptance so far): two answers whose rounds alternate on two slots draft exactly what each drafts
+    alone, round for round, and each answer is its plain answer."""
+    from localspec.engine.sampling import Sampler
+    from localspec.engine.speculative import speculative_round
+
+    prompts = [[0, 20, 21, 22, 23, 20, 21, 22, 23, 20], [0, 30, 2, 3, 17, 30, 2, 3]]
+
+    def run(order):
+        engine, _target, _draft = _two_slot_engine("ngram")
+        lanes = []
+        for prompt in prompts:
+            kv, _kept = engine.slots.prefill(prompt)
+            lanes.append((kv, list(prompt), engine.planner_for("ngram", None, 40, prompt=prompt),
+                          Sampler(SamplingSettings(), engine._infill_vocab()), []))
+        for i in order:
+            kv, context, planner, sampler, drafts = lanes[i]
+            step = speculative_round(kv, context, planner, sampler)
+            drafts.append((step.draft.tokens, step.accepted))
+        return [(context[len(p):], drafts) for (_kv, context, _pl, _s, drafts), p in zip(lanes, prompts)]
+
+    alone = [run([0] * 12)[0], run([1] * 12)[1]]
+    together = run([0, 1] * 12)
+    assert together == alone
+    assert all(any(tokens for tokens, _kept in drafts) for _answer, drafts in together)  # both copied
+    for (answer, _drafts), prompt in zip(together, prompts):
+        assert answer == _plain(prompt, len(answer))
 
 
 def test_an_interjection_needs_a_paused_generation_and_a_second_slot():

@@ -200,7 +200,7 @@ def test_a_corrupt_or_foreign_index_is_ignored_with_a_warning_and_rebuilt(tmp_pa
     index, warning = load_index(file, "model|1|256" if damage != "bad-ids" else "model|1|20", 256 if damage != "bad-ids" else 20)
     assert index.n_tokens == 0 and warning and str(file) in warning
     rebuilt = HistoryDrafter(index, file, "model|1|256")
-    rebuilt.finish([1, 2, 3], list(range(50, 80)))
+    rebuilt.record([1, 2, 3], list(range(50, 80)))
     rebuilt.close()
     again, warning = load_index(file, "model|1|256", 256)
     assert warning is None and again.n_tokens > 0
@@ -237,7 +237,7 @@ from localspec.engine.drafters.history import HistoryDrafter, load_index
 file, start, go = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 index, warning = load_index(file, "model|1|256", 256)
 drafter = HistoryDrafter(index, file, "model|1|256", warning, n_vocab=256)
-drafter.finish([1, 2, 3], list(range(start, start + 30)))
+drafter.record([1, 2, 3], list(range(start, start + 30)))
 print("ready", flush=True)
 while not go.exists():
     time.sleep(0.01)
@@ -274,7 +274,7 @@ def test_clearing_the_history_is_not_undone_by_the_stored_file(tmp_path):
     drafter.save()
     other = HistoryDrafter(load_index(file, "model|1|256", 256)[0], file, "model|1|256", n_vocab=256)
     other.clear()
-    other.finish([1, 2, 3], list(range(100, 130)))
+    other.record([1, 2, 3], list(range(100, 130)))
     other.save()
     index, _ = load_index(file, "model|1|256", 256)
     assert index.propose(list(range(10, 20)), 5)[0] == [] and index.propose(list(range(100, 110)), 3)[0] == [110, 111, 112]

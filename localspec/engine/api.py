@@ -19,7 +19,7 @@ from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
 from localspec.engine.constraint import Constraint, trigger_token
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
-from localspec.engine.drafters import CopyDrafter, Drafter, NgramDrafter, Sources, build
+from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence
@@ -29,7 +29,7 @@ from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Planner, Step, speculate, speculative_round
+from localspec.engine.speculative import Drafting, Planner, Step, speculate, speculative_round
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
 
@@ -68,8 +68,13 @@ class Engine:
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
             history_file=history_file))
         self._template = template
-        self._planner: Planner | None = None
-        self._side: Planner | None = None   # interjections' planner (copies only)
+        # What drafting learns across requests; each request plans with a Planner of its own from it.
+        self.drafting = Drafting(self.cost, self._drafters, learn_costs=opts.learn_costs,
+                                 plain_wanted=self.plain_rounds.wanted)
+        # Interjections draft copies of their own context only: the draft model's one cache (and the
+        # history it would record to) stays the waiting generation's.
+        self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control)], learn_costs=opts.learn_costs,
+                              plain_wanted=self.plain_rounds.wanted)
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation
@@ -233,8 +238,7 @@ class Engine:
         self._acquire()
         self._current = request
         try:
-            for event in self._run(request, self.planner_for(request.mode, request.fixed, request.max_tokens,
-                                                             request.sampling.replayable)):
+            for event in self._run(request, self._planner(request)):
                 self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
                 yield event
                 self._paused_on = None
@@ -256,7 +260,7 @@ class Engine:
         current = self._waiting_generation()
         t0 = time.perf_counter()
         try:
-            yield from self._run(request, self._side_planner(request))
+            yield from self._run(request, self._planner(request, self._side))
         finally:
             self._paused_on = threading.get_ident()
             current.waited_s += time.perf_counter() - t0
@@ -286,8 +290,7 @@ class Engine:
                     request = group[0]
                     if everyone.is_set():
                         request.cancel.set()
-                    planner = self._side_planner(request) if current is not None else self.planner_for(
-                        request.mode, request.fixed, request.max_tokens, request.sampling.replayable)
+                    planner = self._planner(request, self._side if current is not None else self.drafting)
                     for event in self._run(request, planner):
                         yield first, event
                         if everyone.is_set():
@@ -366,8 +369,8 @@ class Engine:
             lone = self._lone
             if lone is not None and lone.ended is not None:  # its answer is evidence, as any request's
                 self._lone = None
-                assert self._planner is not None
-                self._planner.finish(lone.request.prompt, lone.context[len(lone.request.prompt):])
+                assert lone.planner is not None
+                lone.planner.finish(lone.context[len(lone.request.prompt):])
         except BaseException:
             self._guests.drop()
             self._lone = None
@@ -378,17 +381,15 @@ class Engine:
         return bool(self._guests)
 
     def _lone_round(self, lane: Lane) -> Step | None:
-        """A speculative round of the last guest left after the generation it joined ended, with the
-        engine's planner (free now: nothing else holds the engine while guests remain), started for
-        this request when it became the one left."""
+        """A speculative round of the last guest left after the generation it joined ended, with a
+        planner of its own, made when it became the one left (the draft model's cache is free now:
+        nothing else holds the engine while guests remain)."""
         request = lane.request
         if self._lone is not lane:
-            planner = self.planner_for(request.mode, request.fixed, request.max_tokens - lane.answer.tally.generated,
-                                       request.sampling.replayable)
-            planner.start(request.prompt)
+            lane.planner = self._planner(request, budget=request.max_tokens - lane.answer.tally.generated)
             self._lone = lane
-        assert self._planner is not None
-        step = speculative_round(lane.kv, lane.context, self._planner, lane.sampler, request.constraint)
+        assert lane.planner is not None
+        step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, request.constraint)
         if step is not None:
             self._learn(step, len(lane.context) - step.accepted - 1)
         return step
@@ -402,30 +403,23 @@ class Engine:
         """KV slots no request is generating on."""
         return len(self.slots.free())
 
-    def _side_planner(self, request: Request) -> Planner:
-        if self._side is None:
-            copies = CopyDrafter(NgramDrafter(ends_copy=self.target.vocab.is_control))
-            self._side = Planner(mode=request.mode, cost=self.cost, drafters=[copies],
-                                 learn_costs=self.options.learn_costs, plain_wanted=self.plain_rounds.wanted)
-        self._side.configure(request.mode, request.fixed, request.max_tokens, request.sampling.replayable)
-        return self._side
+    def _planner(self, request: Request, drafting: Drafting | None = None, budget: int | None = None) -> Planner:
+        """The request's own planner, from the engine's drafting (or the interjections')."""
+        return (drafting or self.drafting).planner(request.prompt, request.mode, request.fixed,
+                                                   request.max_tokens if budget is None else budget,
+                                                   request.sampling.replayable)
 
-    def planner_for(self, mode: str, fixed: int | None, budget: int | None = None, replayable: bool = False) -> Planner:
-        """One planner for the engine's lifetime: what the drafters learned and its probing back-off
-        carry over from one request to the next (each drafter decides what restarts per request)."""
-        if self._planner is None:
-            self._planner = Planner(mode=mode, cost=self.cost, drafters=self._drafters, fixed_len=fixed,
-                                    learn_costs=self.options.learn_costs, plain_wanted=self.plain_rounds.wanted)
-        self._planner.configure(mode, fixed, budget, replayable)
-        return self._planner
+    def planner_for(self, mode: str, fixed: int | None, budget: int = 512, replayable: bool = False,
+                    prompt: Sequence[int] = ()) -> Planner:
+        """A planner for a request with these settings (what `generate` makes for each request)."""
+        return self.drafting.planner(prompt, mode, fixed, budget, replayable)
 
     def _run(self, request: Request, planner: Planner) -> Iterator[Event]:
-        planner.start(request.prompt)
         context = list(request.prompt)
         try:
             yield from self._rounds(request, context, planner)
         finally:
-            planner.finish(request.prompt, context[len(request.prompt):])  # also when cancelled: evidence
+            planner.finish(context[len(request.prompt):])  # also when cancelled: evidence
 
     def _rounds(self, request: Request, context: list[int], planner: Planner) -> Iterator[Event]:
         t0 = time.perf_counter()

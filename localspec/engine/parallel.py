@@ -34,7 +34,7 @@ from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import Step, decide
+from localspec.engine.speculative import Planner, Step, decide
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -80,6 +80,7 @@ class Lane:
     cached: int = 0                # prompt tokens its slot held already (a joining request's)
     chunks: int = 0                # steps that evaluated a chunk of its prompt
     deliver: Callable[[Event], None] | None = None  # where a guest's events go (a group's are yielded)
+    planner: Planner | None = None  # its own, once it drafts (the last guest left: Engine._lone_round)
     started: float = field(default_factory=time.perf_counter)  # its wall time counts from here
     ended: str | None = None
 

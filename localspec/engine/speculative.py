@@ -13,14 +13,14 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
-from localspec.engine.drafters import Draft, Drafter, Offer, Plan
+from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
 from localspec.engine.kv import KvSequence
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled
 
@@ -149,68 +149,95 @@ class _LazyChoices:
 
 
 @dataclass
-class Planner:
-    """Chooses each round's drafter and draft length, and passes on how the round went.
+class Probing:
+    """When a drafter nothing was worth drafting with gets a one-token probe: after `every` such rounds,
+    the one tried least recently, each probe doubling the wait for the next (up to `longest`) until a
+    drafter wins a round on its own merit again. Learnt across requests (a model drafter that never
+    pays on this machine is probed ever more rarely), so it is the engine's, not a request's."""
 
-    Every registered drafter the setting allows makes an offer (a length and the tokens per second it
-    expects, priced from its own statistics and cost against the target's verify costs); the best
-    offer wins, and none worth making is plain decoding. `fixed_len` set: always draft that many
-    (experiments), a lookup's proposal first. After `probe_every` rounds in which nothing was worth
-    drafting, the model drafter tried least recently gets a one-token probe, so that a change in the
-    text is noticed; each probe doubles the wait for the next one until a drafter wins a round on its
-    own merit again. Where `plain_wanted` says plain decoding has not been measured at this context
-    length (engine/speedup.py), a draft promising less than PLAIN_PROBE_GAIN over plain decoding is
-    skipped for a plain round: the speedup shown is then measured, for the price of a few small drafts.
-    scripts/replay_planner.py replays these rules offline on recorded answers.
-    """
-
-    mode: str
-    cost: CostModel
-    drafters: list[Drafter] = field(default_factory=list)
-    fixed_len: int | None = None
-    probe_every: int = 16
-    max_probe_every: int = 256
-    learn_costs: bool = True
-    budget: int = 512           # answer tokens the request may still produce (prices a model drafter's catch-up)
-    replayable: bool = False    # the request's answer is a function of its context alone (Plan.replayable)
-    plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
-    _since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter drafted on request
-    _waited: int = 0            # rounds without a draft worth making since the last probe
-    _probe_wait: int = 0        # rounds to wait before the next probe
+    every: int = 16
+    longest: int = 256
+    wait: int = 16                  # rounds to wait before the next probe
+    waited: int = 0                 # rounds without a draft worth making since the last probe
+    since_tried: dict[str, int] = field(default_factory=dict)  # rounds since each drafter drafted on request
 
     def __post_init__(self) -> None:
-        self.configure(self.mode, self.fixed_len)
-        self._probe_wait = self.probe_every
+        self.wait = self.every
 
-    def configure(self, mode: str, fixed_len: int | None, budget: int | None = None, replayable: bool = False) -> None:
-        """Settings of the next generation."""
-        if mode not in DRAFTER_SETTINGS:
-            raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_SETTINGS)}")
-        self.mode, self.fixed_len, self.replayable = mode, fixed_len, replayable
-        if budget is not None:
-            self.budget = budget
+
+@dataclass
+class Drafting:
+    """What an engine's drafting keeps across requests: the target's verify costs, the registered
+    drafters (each keeps what it learns), the probing back-off; `planner` makes each request's own."""
+
+    cost: CostModel
+    drafters: list[Drafter] = field(default_factory=list)
+    learn_costs: bool = True
+    plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
+    probing: Probing = field(default_factory=Probing)
 
     def drafter(self, name: str) -> Drafter | None:
         return next((d for d in self.drafters if d.name == name), None)
 
+    def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
+                replayable: bool = False) -> "Planner":
+        """A request's planner: its plan, frozen now, and a turn of every drafter (Drafter.begin)."""
+        if mode not in DRAFTER_SETTINGS:
+            raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_SETTINGS)}")
+        plan = Plan(cost=self.cost, budget=budget, fixed_len=fixed_len, replayable=replayable, mode=mode)
+        return Planner(self, plan, [(d.name, d.begin(prompt, plan)) for d in self.drafters], list(prompt))
+
+
+class Planner:
+    """One request's planning: chooses each round's drafter and draft length, and passes on how the
+    round went. Made by `Drafting.planner` for each request and never shared: requests decoded side by
+    side each have their own; what they learn in common lives in `Drafting`.
+
+    Every turn the setting allows makes an offer (a length and the tokens per second it expects,
+    priced from its own statistics and cost against the target's verify costs); the best offer wins,
+    and none worth making is plain decoding. `fixed_len` set: always draft that many (experiments), a
+    lookup's proposal first. After rounds in which nothing was worth drafting, a model drafter gets a
+    one-token probe (`Probing`), so that a change in the text is noticed. Where `plain_wanted` says
+    plain decoding has not been measured at this context length (engine/speedup.py), a draft promising
+    less than PLAIN_PROBE_GAIN over plain decoding is skipped for a plain round: the speedup shown is
+    then measured, for the price of a few small drafts. scripts/replay_planner.py replays these rules
+    offline on recorded answers.
+    """
+
+    def __init__(self, drafting: Drafting, plan: Plan, turns: list[tuple[str, Turn]], prompt: list[int]):
+        self.drafting = drafting
+        self.base = plan
+        self.turns = turns
+        self.prompt = prompt
+        self.budget = plan.budget  # answer tokens the request may still produce
+
     @property
-    def active(self) -> list[Drafter]:
-        return [d for d in self.drafters if self.mode in ("auto", d.name)]
+    def mode(self) -> str:
+        return self.base.mode
+
+    @property
+    def fixed_len(self) -> int | None:
+        return self.base.fixed_len
+
+    @property
+    def cost(self) -> CostModel:
+        return self.drafting.cost
 
     @property
     def plan(self) -> Plan:
-        return Plan(cost=self.cost, budget=self.budget, fixed_len=self.fixed_len, replayable=self.replayable)
+        return dataclasses.replace(self.base, budget=self.budget)
 
-    def start(self, prompt: list[int]) -> None:
-        """A new request: each drafter resets what it keeps per request."""
-        plan = self.plan
-        for d in self.drafters:
-            d.start(prompt, plan)
+    def turn(self, name: str) -> Turn | None:
+        return next((t for n, t in self.turns if n == name), None)
+
+    @property
+    def active(self) -> list[tuple[str, Turn]]:
+        return [(n, t) for n, t in self.turns if self.mode in ("auto", n)]
 
     def prefill(self, context: list[int]) -> None:
         plan = self.plan
-        for d in self.active:
-            d.prefill(context, plan)
+        for _name, turn in self.active:
+            turn.prefill(context, plan)
 
     def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
         """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
@@ -218,54 +245,57 @@ class Planner:
         if room <= 0 or self.mode == "none":
             return Draft.empty()
         plan = dataclasses.replace(self.plan, grammar=grammar)
-        offers = [(d, o) for d in self.active if (o := d.offer(context, room, plan)) is not None]
-        for key in self._since_tried:
-            self._since_tried[key] += 1
-        viable = [(d, o) for d, o in offers if o.length > 0]
+        probing = self.drafting.probing
+        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
+        for key in probing.since_tried:
+            probing.since_tried[key] += 1
+        viable = [(n, t, o) for n, t, o in offers if o.length > 0]
         if viable:
-            drafter, offer = max(viable, key=lambda pair: pair[1].rate)
-            self._probe_wait = self.probe_every
+            name, turn, offer = max(viable, key=lambda choice: choice[2].rate)
+            probing.wait = probing.every
             if self._plain_probe(len(context), offer):
                 return Draft.empty()
         else:
             probe = self._probe(context, plan)
             if probe is None:
                 return Draft.empty()
-            drafter, offer = probe
+            name, turn, offer = probe
         if offer.draft is not None:
             offer.draft.tokens = offer.draft.tokens[:offer.length]
             return offer.draft
-        self._since_tried[drafter.name] = 0
-        return drafter.draft(context, offer.length, sampler)
+        probing.since_tried[name] = 0
+        return turn.draft(context, offer.length, sampler)
 
     def _plain_probe(self, context_len: int, offer: Offer) -> bool:
         """Whether to decode this round plainly, to measure plain decoding at this context length."""
-        if self.fixed_len is not None or self.plain_wanted is None or offer.draft is not None and offer.draft.exact:
+        wanted = self.drafting.plain_wanted
+        if self.fixed_len is not None or wanted is None or offer.draft is not None and offer.draft.exact:
             return False
-        return offer.rate < (1 + PLAIN_PROBE_GAIN) / self.cost.verify(1) and self.plain_wanted(context_len)
+        return offer.rate < (1 + PLAIN_PROBE_GAIN) / self.cost.verify(1) and wanted(context_len)
 
-    def _probe(self, context: list[int], plan: Plan) -> tuple[Drafter, Offer] | None:
+    def _probe(self, context: list[int], plan: Plan) -> tuple[str, Turn, Offer] | None:
         """A one-token probe by the drafter tried least recently, when the wait is over; or None."""
-        self._waited += 1
-        if self._waited < self._probe_wait:
+        probing = self.drafting.probing
+        probing.waited += 1
+        if probing.waited < probing.wait:
             return None
-        candidates = [(self._since_tried.get(d.name, 10**9), i, d, o) for i, d in enumerate(self.active)
-                      if (o := d.probe(context, plan)) is not None]  # never tried: first
+        candidates = [(probing.since_tried.get(n, 10**9), i, n, t, o) for i, (n, t) in enumerate(self.active)
+                      if (o := t.probe(context, plan)) is not None]  # never tried: first
         if not candidates:
             return None
-        _since, _i, drafter, offer = max(candidates, key=lambda c: (c[0], -c[1]))
-        self._waited = 0
-        self._probe_wait = min(self._probe_wait * 2, self.max_probe_every)
-        return drafter, offer
+        _since, _i, name, turn, offer = max(candidates, key=lambda c: (c[0], -c[1]))
+        probing.waited = 0
+        probing.wait = min(probing.wait * 2, probing.longest)
+        return name, turn, offer
 
     def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None) -> None:
         self.budget = max(self.budget - accepted - 1, 0)
-        if self.learn_costs:
+        if self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
-        if draft.tokens and (drafter := self.drafter(draft.source)) is not None:
-            drafter.observe(draft, accepted, token)
+        if draft.tokens and (turn := self.turn(draft.source)) is not None:
+            turn.observe(draft, accepted, token)
 
-    def finish(self, prompt: list[int], answer: list[int]) -> None:
-        """The request ended (its answer is evidence for every drafter, whoever drafted)."""
-        for d in self.drafters:
-            d.finish(prompt, answer)
+    def finish(self, answer: Sequence[int]) -> None:
+        """The request ended with this answer: evidence for every drafter, whoever drafted."""
+        for _name, turn in self.turns:
+            turn.end(self.prompt, answer)

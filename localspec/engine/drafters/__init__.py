@@ -1,14 +1,15 @@
 """Drafters: cheap guesses at the target's next tokens, each one object behind `base.Drafter`.
 
 Every drafter setting front doors offer (CLI choices, config, TUI, server, bench) comes from
-`REGISTRY`. Adding a drafter is one module implementing `Drafter` (at least `offer`; a lookup returns
-its proposal with the offer) plus one line here; the planner prices every registered drafter the
-setting allows each round and drafts with the best (engine/speculative.py).
+`REGISTRY`. Adding a drafter is one module implementing `Drafter` (its `begin` makes each request's
+`Turn`, which implements at least `offer`; a lookup returns its proposal with the offer) plus one line
+here; the planner prices every registered drafter the setting allows each round and drafts with the
+best (engine/speculative.py).
 """
 
 from __future__ import annotations
 
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources, Turn
 from localspec.engine.drafters.copies import CopyDrafter
 from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
@@ -34,5 +35,5 @@ def build(sources: Sources) -> list[Drafter]:
     return [d for r in REGISTRY if (d := r.build(sources)) is not None]
 
 
-__all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "build",
+__all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build",
            "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -1,10 +1,15 @@
 """The one interface every drafter implements, and what it is priced with.
 
-Each round the planner asks every drafter the setting allows for an `Offer`: a draft length and the
-tokens per second it expects from it, priced by the drafter from its own statistics and cost against
-the target's verify costs (`Plan`). The best offer wins; length 0 everywhere is plain decoding. A
-lookup drafter has its proposal ready with the offer (finding it is nearly free); a model drafter
-drafts only when chosen. After the round, the drafter that drafted observes what the target kept.
+A registered `Drafter` lives as long as the engine and keeps what it learns across requests (a
+history index, how often forced drafts were kept, the draft model's cost); each request gets a `Turn`
+of every drafter (`Drafter.begin`), which keeps what belongs to that answer only (the copy being
+followed, its acceptance so far), so requests decoded side by side never share a drafter's state.
+Each round the planner asks every turn the setting allows for an `Offer`: a draft length and the
+tokens per second it expects from it, priced from its statistics and cost against the target's
+verify costs (`Plan`). The best offer wins; length 0 everywhere is plain decoding. A lookup has its
+proposal ready with the offer (finding it is nearly free); a model drafter drafts only when chosen.
+After the round, the turn that drafted observes what the target kept; when the request ends, every
+turn sees its answer (`Turn.end`), drafted or not.
 """
 
 from __future__ import annotations
@@ -40,18 +45,21 @@ class Draft:
         return Draft(tokens=[])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """What offers are priced with: the target's verify costs, the answer tokens the request may still
-    produce (a model drafter's catch-up must pay for itself over them), a forced draft length, whether
-    the request's answer is a function of its context alone (`SamplingSettings.replayable`), and its
-    grammar's state after the context (None: free text; drafters must not advance it)."""
+    """One request's plan, fixed when it starts, and what offers are priced with: the drafter setting,
+    the target's verify costs, the answer tokens the request may still produce (a model drafter's
+    catch-up must pay for itself over them; the planner passes the current count), a forced draft
+    length, whether the request's answer is a function of its context alone
+    (`SamplingSettings.replayable`), and its grammar's state after the context (None: free text;
+    drafters must not advance it)."""
 
     cost: CostModel
     budget: int = 512
     fixed_len: int | None = None
     replayable: bool = False
     grammar: Constraint | None = None
+    mode: str = "auto"
 
 
 @dataclass
@@ -61,16 +69,9 @@ class Offer:
     draft: Draft | None = None  # a lookup's proposal, made already; None: `Drafter.draft` makes it
 
 
-class Drafter:
-    """Base of every drafter: `name` is its drafter setting and the label on its rounds.
-
-    A drafter must implement `offer` and may use the other hooks; the defaults do nothing."""
-
-    name = "drafter"
-    warning: str | None = None  # a problem met at load that the user should hear about
-
-    def start(self, prompt: Sequence[int], plan: Plan) -> None:
-        """A new request with this prompt: reset what is per request."""
+class Turn:
+    """One drafter's part in one request: what it keeps for this answer only. A turn must implement
+    `offer`; the other hooks default to nothing."""
 
     def prefill(self, context: Sequence[int], plan: Plan) -> None:
         """Prompt time: get ready if this request is expected to draft with it."""
@@ -89,17 +90,30 @@ class Drafter:
         raise NotImplementedError
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
-        """The target kept `accepted` tokens of this drafter's draft, then produced `token`."""
+        """The target kept `accepted` tokens of this turn's draft, then produced `token`."""
 
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         """The request ended with this answer (also in plain decoding: answers are evidence too)."""
+
+
+class Drafter(Turn):
+    """Base of every drafter: `name` is its drafter setting and the label on its rounds.
+
+    `begin` makes a request's turn; a drafter that keeps nothing per request is its own turn (the
+    default), implementing `Turn`'s hooks itself."""
+
+    name = "drafter"
+    warning: str | None = None  # a problem met at load that the user should hear about
+
+    def begin(self, prompt: Sequence[int], plan: Plan) -> Turn:
+        """A new request with this prompt: its turn."""
+        return self
 
     def reset(self) -> None:
         """Forget cached state tied to the target's KV cache (the engine's cache was cleared)."""
 
     def close(self) -> None:
         """The engine is closing: persist what should outlive it."""
-
 
 
 @dataclass

@@ -2,43 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, COPY_PRIOR_STRENGTHS, PROMPT_COPY_PRIORS, CopyAcceptance,
                                        best_length, margin_for)
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter, copy_of
 
 
 class CopyDrafter(Drafter):
-    """Copies of the prompt and of the answer so far (`NgramDrafter`), and at an answer's start how
-    this session's other answers opened (`OpeningDrafter`). Copies are priced by their age, apart
-    for copies of the prompt (an edit's input) and of the answer; each request starts again from the
-    priors (an edit's record carried into a code question drafts its prompt's words at a loss:
-    scripts/replay_planner.py measures it)."""
+    """Copies of the prompt and of the answer so far (`NgramDrafter`, one per request), and at an
+    answer's start how this session's other answers opened (`OpeningDrafter`, shared). Copies are
+    priced by their age, apart for copies of the prompt (an edit's input) and of the answer; each
+    request starts again from the priors (an edit's record carried into a code question drafts its
+    prompt's words at a loss: scripts/replay_planner.py measures it)."""
 
     name = "ngram"
     max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)
 
-    def __init__(self, lookup: NgramDrafter | None = None, openings: OpeningDrafter | None = None):
-        self.lookup = lookup or NgramDrafter()
+    def __init__(self, ends_copy: Callable[[int], bool] | None = None, openings: OpeningDrafter | None = None):
+        self.ends_copy = ends_copy  # tokens a copy stops after (NgramDrafter.ends_copy)
         self.openings = openings
-        self.acceptance = {True: CopyAcceptance(priors=PROMPT_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS),
-                           False: CopyAcceptance(priors=ANSWER_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS)}
 
     @classmethod
     def build(cls, sources: Sources) -> "CopyDrafter":
-        return cls(NgramDrafter(ends_copy=sources.target.vocab.is_control), OpeningDrafter())
+        return cls(sources.target.vocab.is_control, OpeningDrafter())
 
-    def start(self, prompt: Sequence[int], plan: Plan) -> None:
+    def begin(self, prompt: Sequence[int], plan: Plan) -> "CopyTurn":
+        return CopyTurn(self, prompt)
+
+
+class CopyTurn(Turn):
+    """One request's copies: its lookup and what its copies of each age did."""
+
+    def __init__(self, drafter: CopyDrafter, prompt: Sequence[int]):
+        self.drafter = drafter
+        self.lookup = NgramDrafter(ends_copy=drafter.ends_copy)
         self.lookup.reset(prompt_len=len(prompt))
-        if self.openings is not None:
-            self.openings.start(prompt)
-        for copies in self.acceptance.values():
-            copies.forget()
+        self.conversation = OpeningDrafter.conversation(prompt)
+        self.prompt_len = len(prompt)
+        self.acceptance = {True: CopyAcceptance(priors=PROMPT_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS),
+                           False: CopyAcceptance(priors=ANSWER_COPY_PRIORS, prior_strength=COPY_PRIOR_STRENGTHS)}
 
     def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
-        cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
+        cap = min(plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len, room)
         proposal = self.lookup.propose(context, cap)
         offers = []
         if proposal.tokens:
@@ -46,8 +53,9 @@ class CopyDrafter(Drafter):
                 offers.append(Offer(len(proposal.tokens), float("inf"), proposal))
             else:
                 offers.append(Offer(*self._price(proposal, plan), proposal))
-        if self.openings is not None and plan.fixed_len is None:
-            opening, rates = self.openings.propose(context, cap)
+        openings = self.drafter.openings
+        if openings is not None and plan.fixed_len is None:
+            opening, rates = openings.propose(context, cap, self.conversation, self.prompt_len)
             if opening.tokens:
                 offers.append(Offer(*best_length(rates, plan.cost, 0.0), opening))
         return max(offers, key=lambda o: (o.length > 0, o.rate)) if offers else None
@@ -68,6 +76,6 @@ class CopyDrafter(Drafter):
         self.acceptance[copy.from_prompt].observe(copy.age, len(draft.tokens), accepted)
         self.lookup.observe(draft, accepted, token)
 
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
-        if self.openings is not None:
-            self.openings.remember(answer)
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        if self.drafter.openings is not None:
+            self.drafter.openings.remember(prompt, answer)

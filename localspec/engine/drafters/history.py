@@ -23,7 +23,7 @@ import numpy as np
 
 from localspec.engine.adaptive import (HISTORY_AGE_CLASSES, HISTORY_COPY_PRIORS, CopyAcceptance, best_length,
                                        margin_for)
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.drafters.ngram import Copy, copy_of
 from localspec.engine.drafters.suffix_index import (SuffixIndex, context_digest, file_lock, file_stamp, load_index,
                                                     model_key, save_index)
@@ -57,14 +57,9 @@ class HistoryDrafter(Drafter):
         self._cleared = False
         self.warning = warning            # why a stored index was not used, for the front doors to show
         self.recording = True
-        self.acceptance = CopyAcceptance(priors=HISTORY_COPY_PRIORS, classes=HISTORY_AGE_CLASSES)
         self.answers: OrderedDict[bytes, np.ndarray] = OrderedDict()  # greedy answers by context digest
         self._dirty = False
         self._saved_at = time.monotonic()
-        self._prompt_len = 0
-        self._digest: bytes | None = None       # this request's context, when its answer can be replayed
-        self._replay: np.ndarray | None = None  # the recorded answer being replayed, while the text follows it
-        self._replayed = 0                      # answer tokens checked against it so far
 
     @classmethod
     def build(cls, sources: Sources) -> "HistoryDrafter | None":
@@ -80,63 +75,19 @@ class HistoryDrafter(Drafter):
         """Forget every earlier request (the stored file too, at the next save)."""
         self.index = SuffixIndex(self.index.max_tokens)
         self.answers.clear()
-        self._replay = None
         self._pending.clear()
         self._cleared = True
         self._dirty = True
 
-    def start(self, prompt: Sequence[int], plan: Plan) -> None:
-        self.acceptance.forget()
-        self._prompt_len = len(prompt)
-        self._digest = context_digest(prompt) if plan.replayable else None
-        self._replay = self.answers.get(self._digest) if self._digest is not None else None
-        self._replayed = 0
+    def begin(self, prompt: Sequence[int], plan: Plan) -> "HistoryTurn":
+        return HistoryTurn(self, prompt, plan)
 
-    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
-        cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
-        if self._replay is not None and (replay := self._replay_offer(context, cap, plan)) is not None:
-            return replay
-        tokens, chances, age = self.index.propose(context, cap)
-        if not tokens:
-            return None
-        draft = Draft(tokens=tokens, source=self.name, evidence=age, note=Copy(age=age))
-        if plan.fixed_len is not None:
-            return Offer(len(tokens), float("inf"), draft)
-        longest = min(len(tokens), max(self.min_len, 2 * age))
-        rates = [r * c for r, c in zip(self.acceptance.rates(age, longest), chances)]
-        k, rate = best_length(rates, plan.cost, 0.0, margin_for(self.acceptance.samples(age)))
-        return Offer(k, rate, draft)
-
-    def _replay_offer(self, context: Sequence[int], cap: int, plan: Plan) -> Offer | None:
-        """The rest of the recorded answer to this context, while the answer so far is that answer."""
-        recorded, done = self._replay, len(context) - self._prompt_len
-        assert recorded is not None
-        new = np.asarray(context[self._prompt_len + self._replayed:], dtype=np.int32)
-        if done > len(recorded) or not np.array_equal(recorded[self._replayed:done], new):
-            self._replay = None
-            return None
-        self._replayed = done
-        tokens = recorded[done:done + cap].tolist()
-        if not tokens:
-            return None
-        draft = Draft(tokens=tokens, source=self.name, exact=True, evidence=done, note=Copy(age=done))
-        if plan.fixed_len is not None:
-            return Offer(len(tokens), float("inf"), draft)
-        k, rate = best_length([REPLAY_CHANCE] * len(tokens), plan.cost, 0.0)
-        return Offer(k, rate, draft)
-
-    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
-        if draft.exact:  # a replay kept short of its end has parted from the recorded answer
-            if accepted < len(draft.tokens):
-                self._replay = None
-            return
-        self.acceptance.observe(copy_of(draft).age, len(draft.tokens), accepted)
-
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def record(self, prompt: Sequence[int], answer: Sequence[int], digest: bytes | None = None) -> None:
+        """Add a request to the index (and, with the `digest` of its context, its greedy answer for replay)."""
         if not self.recording or not answer:
             return
-        if self._digest is not None and len(prompt) == self._prompt_len:
-            self._remember_answer(self._digest, np.asarray(answer, dtype=np.int32))
+        if digest is not None:
+            self._remember_answer(digest, np.asarray(answer, dtype=np.int32))
         if self.index.add([*prompt, *answer]):
             self._pending.append(self.index.last_document())
             self._dirty = True
@@ -178,3 +129,61 @@ class HistoryDrafter(Drafter):
 
     def close(self) -> None:
         self.save()
+
+
+class HistoryTurn(Turn):
+    """One request's lookups in the shared index: what its copies of each age did, and the recorded
+    answer to its context being replayed, while the answer so far is that answer."""
+
+    def __init__(self, drafter: HistoryDrafter, prompt: Sequence[int], plan: Plan):
+        self.drafter = drafter
+        self.acceptance = CopyAcceptance(priors=HISTORY_COPY_PRIORS, classes=HISTORY_AGE_CLASSES)
+        self.prompt_len = len(prompt)
+        self.digest = context_digest(prompt) if plan.replayable else None  # its context, if its answer replays
+        self.replay: np.ndarray | None = drafter.answers.get(self.digest) if self.digest is not None else None
+        self.replayed = 0  # answer tokens checked against it so far
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        drafter = self.drafter
+        cap = min(plan.fixed_len if plan.fixed_len is not None else drafter.max_len, room)
+        if self.replay is not None and (replay := self._replay_offer(context, cap, plan)) is not None:
+            return replay
+        tokens, chances, age = drafter.index.propose(context, cap)
+        if not tokens:
+            return None
+        draft = Draft(tokens=tokens, source=drafter.name, evidence=age, note=Copy(age=age))
+        if plan.fixed_len is not None:
+            return Offer(len(tokens), float("inf"), draft)
+        longest = min(len(tokens), max(drafter.min_len, 2 * age))
+        rates = [r * c for r, c in zip(self.acceptance.rates(age, longest), chances)]
+        k, rate = best_length(rates, plan.cost, 0.0, margin_for(self.acceptance.samples(age)))
+        return Offer(k, rate, draft)
+
+    def _replay_offer(self, context: Sequence[int], cap: int, plan: Plan) -> Offer | None:
+        """The rest of the recorded answer to this context, while the answer so far is that answer."""
+        recorded, done = self.replay, len(context) - self.prompt_len
+        assert recorded is not None
+        new = np.asarray(context[self.prompt_len + self.replayed:], dtype=np.int32)
+        if done > len(recorded) or not np.array_equal(recorded[self.replayed:done], new):
+            self.replay = None
+            return None
+        self.replayed = done
+        tokens = recorded[done:done + cap].tolist()
+        if not tokens:
+            return None
+        draft = Draft(tokens=tokens, source=self.drafter.name, exact=True, evidence=done, note=Copy(age=done))
+        if plan.fixed_len is not None:
+            return Offer(len(tokens), float("inf"), draft)
+        k, rate = best_length([REPLAY_CHANCE] * len(tokens), plan.cost, 0.0)
+        return Offer(k, rate, draft)
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        if draft.exact:  # a replay kept short of its end has parted from the recorded answer
+            if accepted < len(draft.tokens):
+                self.replay = None
+            return
+        self.acceptance.observe(copy_of(draft).age, len(draft.tokens), accepted)
+
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        replayable = self.digest is not None and len(prompt) == self.prompt_len
+        self.drafter.record(prompt, answer, self.digest if replayable else None)

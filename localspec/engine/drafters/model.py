@@ -3,6 +3,7 @@ first layers), drafting token by token in its own KV cache, priced by its accept
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, margin_for
 from localspec.engine.calibration import calibrated_costs
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler, softmax
 
@@ -54,33 +55,34 @@ class ModelDrafter(Drafter):
 
     # ------------------------------------------------------------------ pricing
 
-    def start(self, prompt: Sequence[int], plan: Plan) -> None:
+    def begin(self, prompt: Sequence[int], plan: Plan) -> "ModelTurn":
         # What earlier requests taught is kept as a prior at reduced weight, so this request's own
         # evidence takes over within a few rounds.
-        self.acceptance.tried = [t * 0.3 for t in self.acceptance.tried]
-        self.acceptance.kept = [k * 0.3 for k in self.acceptance.kept]
+        known = self.acceptance
+        return ModelTurn(self, dataclasses.replace(known, tried=[t * 0.3 for t in known.tried],
+                                                   kept=[k * 0.3 for k in known.kept]))
 
-    def prefill(self, context: Sequence[int], plan: Plan) -> None:
+    def prefill(self, context: Sequence[int], plan: Plan, acceptance: Acceptance | None = None) -> None:
         """Bring the prompt in only when this request is expected to draft with it (or a fixed length
         forces it). A drafter that is not expected to pay costs nothing: no prefill now, and a catch-up
         (priced, see `catch_up_pays`) only when it first wins a round. On a CPU the default pair's draft
         model never pays, and prefilling it added ~50% to the time to first token
         (scripts/plain_parity.py measures both)."""
         cap = plan.fixed_len if plan.fixed_len is not None else self.max_len
-        if plan.fixed_len is not None or self._best(cap, plan)[0] > 0:
+        if plan.fixed_len is not None or self._best(cap, plan, acceptance or self.acceptance)[0] > 0:
             self.prepare(context)
 
-    def _best(self, cap: int, plan: Plan) -> tuple[int, float]:
-        return best_length(self.acceptance.rates(cap), plan.cost, self.cost.per_token_s,
-                           margin_for(self.acceptance.samples))
+    def _best(self, cap: int, plan: Plan, acceptance: Acceptance) -> tuple[int, float]:
+        return best_length(acceptance.rates(cap), plan.cost, self.cost.per_token_s, margin_for(acceptance.samples))
 
-    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+    def offer(self, context: Sequence[int], room: int, plan: Plan, acceptance: Acceptance | None = None) -> Offer | None:
+        """The best length at `acceptance` (a request's; the drafter's own record without one)."""
         cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
         if cap <= 0:
             return None
         if plan.fixed_len is not None:
             return Offer(cap, 0.0)  # a fixed length: a lookup that found something goes first
-        k, rate = self._best(cap, plan)
+        k, rate = self._best(cap, plan, acceptance or self.acceptance)
         if k > 0 and not self.catch_up_pays(context, rate, plan):
             k = 0
         return Offer(k, rate)
@@ -121,6 +123,9 @@ class ModelDrafter(Drafter):
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
+        self.observe_cost(draft)
+
+    def observe_cost(self, draft: Draft) -> None:
         if isinstance(draft.note, float) and self.learn_costs:  # seconds per token, where the draft measured them
             self.cost.observe(1, draft.note)
 
@@ -198,3 +203,31 @@ class ModelDrafter(Drafter):
             # catch-up, a new prompt, says nothing about it).
             note=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
         )
+
+
+class ModelTurn(Turn):
+    """One request's record of the draft model's acceptance (from the drafter's at reduced weight);
+    the drafter's cache and costs are shared. The request's record becomes the drafter's when it ends."""
+
+    def __init__(self, drafter: ModelDrafter, acceptance: Acceptance):
+        self.drafter = drafter
+        self.acceptance = acceptance
+
+    def prefill(self, context: Sequence[int], plan: Plan) -> None:
+        self.drafter.prefill(context, plan, self.acceptance)
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        return self.drafter.offer(context, room, plan, self.acceptance)
+
+    def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
+        return self.drafter.probe(context, plan)
+
+    def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
+        return self.drafter.propose(context, length, sampler)
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        self.acceptance.observe(len(draft.tokens), accepted)
+        self.drafter.observe_cost(draft)
+
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        self.drafter.acceptance = self.acceptance

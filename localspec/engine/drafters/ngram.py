@@ -238,26 +238,28 @@ class OpeningDrafter:
     def __init__(self, length: int = 8, support: int = 2, keep: int = 6):
         self.length, self.support, self.keep = length, support, keep
         self._openings: dict[int, list[int]] = {}   # conversation -> its latest answer's first tokens
-        self._conversation = 0
-        self._prompt_len = 0
 
-    def start(self, prompt: Sequence[int]) -> None:
-        self._conversation = hash(tuple(prompt))
-        self._prompt_len = len(prompt)
+    @staticmethod
+    def conversation(prompt: Sequence[int]) -> int:
+        """The key a request's answers are remembered by: its prompt."""
+        return hash(tuple(prompt))
 
-    def remember(self, answer: Sequence[int]) -> None:
+    def remember(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         if answer:
-            self._openings.pop(self._conversation, None)
-            self._openings[self._conversation] = list(answer[:self.length])
+            key = self.conversation(prompt)
+            self._openings.pop(key, None)
+            self._openings[key] = list(answer[:self.length])
             while len(self._openings) > self.keep:
                 del self._openings[next(iter(self._openings))]
 
-    def propose(self, context: Sequence[int], max_len: int) -> tuple[Draft, list[float]]:
-        """The proposal and, per token, the chance it is kept."""
-        if len(context) - self._prompt_len >= self.length or max_len <= 0:  # past the opening: nothing to copy
+    def propose(self, context: Sequence[int], max_len: int, conversation: int,
+                prompt_len: int) -> tuple[Draft, list[float]]:
+        """The proposal after `context` (the first `prompt_len` tokens are the prompt of `conversation`)
+        and, per token, the chance it is kept."""
+        if len(context) - prompt_len >= self.length or max_len <= 0:  # past the opening: nothing to copy
             return Draft.empty(), []
-        answer = list(context[self._prompt_len:])
-        others = [o for key, o in self._openings.items() if key != self._conversation and o[:len(answer)] == answer]
+        answer = list(context[prompt_len:])
+        others = [o for key, o in self._openings.items() if key != conversation and o[:len(answer)] == answer]
         tokens: list[int] = []
         rates: list[float] = []
         at = len(answer)
