@@ -269,12 +269,13 @@ def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_
     shared = target.steps[joined_at:]
     seqs = {seq for step in shared for seq, _start, _n in step}
     assert len(seqs) == 2
-    chunked = [step for step in shared if any(n > 1 for _seq, _start, n in step)]
-    guest_seq = next(seq for seq, _start, n in chunked[0] if n > 1)
+    guest_seq = next(seq for step in shared for seq, _start, n in step if n == 64)
+    chunks = [(step, n) for step in shared for seq, start, n in step if seq == guest_seq and start < len(LONG) - 1]
     # the prompt but its last token, in chunks of LEAST_CHUNK (the toy's costs allow no more in a step),
-    # each beside the host's pending token; no position twice (the toy asserts every decode's start)
-    assert [n for step in chunked for seq, _start, n in step if seq == guest_seq] == [64, 64, 64, 7]
-    assert all(len(step) == 2 for step in chunked)
+    # each beside the host's pending token (and its draft); no position twice (the toy asserts every
+    # decode's start)
+    assert [n for _step, n in chunks] == [64, 64, 64, 7]
+    assert all(len(step) == 2 for step, _n in chunks)
     assert isinstance(guest[0], Prefill) and guest[0].evaluated == 200 and guest[0].cached == 0
     assert not any(isinstance(e, Round) for e in guest[:1])
     assert answer_tokens(guest) == _solo(LONG, GREEDY[0], 10)
@@ -349,3 +350,85 @@ def test_joining_prompts_are_evaluated_oldest_first_within_each_steps_budget():
     assert [n for step in chunks for seq, n in step if seq == newer] == [57, 42]  # the 4th step's rest, then on
     assert answer_tokens(first) == _solo(LONG, GREEDY[0], 6) and answer_tokens(second) == _solo(other, GREEDY[0], 6)
     assert engine.free_slots() == 3
+
+
+# ----------------------------------------------------------------------------- drafts in shared steps
+
+
+class _Scripted:
+    """A lookup drafter whose proposals are scripted per prompt: the true continuation (every draft kept
+    whole), or the true continuation with its `wrong`-th token replaced (a rejection there)."""
+
+    name = "ngram"
+    warning = None
+
+    def __init__(self, truths: dict[int, list[int]], lengths: dict[int, int], wrong: dict[int, int]):
+        self.truths, self.lengths, self.wrong = truths, lengths, wrong
+
+    def begin(self, prompt, plan):
+        from localspec.engine.drafters.base import Draft, Offer, Turn
+
+        drafter, key = self, prompt[1]
+
+        class Scripted(Turn):
+            def offer(self, context, room, plan):
+                truth, at = drafter.truths[key], len(context) - len(prompt)
+                tokens = truth[at:at + min(drafter.lengths[key], room)]
+                if key in drafter.wrong and drafter.wrong[key] < len(tokens):
+                    tokens[drafter.wrong[key]] ^= 1  # not the toy's greedy token there
+                return Offer(len(tokens), float("inf"), Draft(list(tokens), source="ngram")) if tokens else None
+
+        return Scripted()
+
+    def reset(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_drafts_of_different_lengths_in_one_step_are_each_settled_as_alone():
+    """A generation and a request that joined it draft in the same decode: one draft of 3 kept whole,
+    one of 5 rejected at its third token, in one step; each answer is its solo answer, each round's
+    verify rows are its own (the toy asserts no position is evaluated twice), and a cancelled guest
+    leaves at the next step with its slot free."""
+    host_prompt, guest_prompt, third = [0, 20, 21, 22], [0, 30, 2, 3], [0, 12, 13, 14]
+    truths = {p[1]: _solo(p, GREEDY[0], 60) for p in (host_prompt, guest_prompt, third)}
+    engine, target = _host_engine()
+    engine.drafting.drafters = [_Scripted(truths, {20: 3, 30: 5, 12: 2}, {30: 2})]
+    host, guest, cancelled, stop = [], [], [], threading.Event()
+    for event in engine.generate(host_prompt, max_tokens=24):
+        host.append(event)
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(guest_prompt, guest.append, max_tokens=20)
+            engine.join(third, cancelled.append, max_tokens=20, cancel=stop)
+        if isinstance(event, Round) and event.index == 3:
+            stop.set()
+    while engine.step_guests():
+        pass
+    assert answer_tokens(host) == truths[20][:24]
+    assert answer_tokens(guest) == truths[30][:20]
+    assert cancelled[-1].stop_reason == "cancelled" and answer_tokens(cancelled) == truths[12][:len(answer_tokens(cancelled))]
+    shared_host = [e for e in host if isinstance(e, Round) and e.shared]
+    shared_guest = [e for e in guest if isinstance(e, Round) and e.shared]
+    assert shared_host and all(len(e.accepted) == 3 and not e.rejected for e in shared_host)
+    assert shared_guest and all(len(e.accepted) == 2 and len(e.rejected) == 3 for e in shared_guest)
+    both = [step for step in target.steps if sorted(n for _seq, _start, n in step)[-2:] == [4, 6]]
+    assert both  # the host's 1 + 3 and the guest's 1 + 5 positions in one decode
+    assert engine.free_slots() == 3
+
+
+def test_a_draft_in_a_shared_step_is_priced_by_the_time_it_adds():
+    """On a CPU-like cost shape a step of four sequences leaves no room for a copy that pays alone; on
+    a GPU-like shape (added positions nearly free) the same copy is still drafted in the step."""
+    from localspec.engine.adaptive import best_length, beside
+
+    cpu = CostModel({1: 1.0, 2: 1.68, 3: 2.26, 4: 3.18, 8: 8.05, 12: 8.77, 16: 8.77})  # a 2-core AVX2 CPU (#24)
+    gpu = CostModel({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.01, 8: 1.02, 12: 1.04, 16: 1.05})
+    likely = [0.8] * 15
+    assert best_length(likely, cpu, 0.0)[0] > 0                 # alone, a likely copy pays
+    assert best_length(likely, beside(cpu, 3), 0.0)[0] == 0     # beside three others' tokens, not
+    assert best_length([0.95] * 15, beside(cpu, 3), 0.0)[0] > 0  # a nearly sure one still does
+    assert best_length(likely, beside(gpu, 3), 0.0)[0] >= 4
+    assert beside(cpu, 0) is cpu
+    assert beside(cpu, 3).verify(1) == pytest.approx(cpu.verify(4) - cpu.verify(3))

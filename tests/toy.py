@@ -157,8 +157,9 @@ class ToyModel:
     def decode_many(self, parts) -> list[np.ndarray]:
         """One call for several sequences (llama.cpp's batch of several seq ids); `steps` records each
         call's (seq, start, n) parts, so tests see which positions were evaluated together."""
-        self.steps.append([(seq, start, len(tokens)) for seq, tokens, start in parts])
-        return [self.decode(list(tokens), start, [len(tokens) - 1], seq=seq)[0] for seq, tokens, start in parts]
+        self.steps.append([(seq, start, len(tokens)) for seq, tokens, start, _outputs in parts])
+        return [self.decode(list(tokens), start, list(range(len(tokens) - outputs, len(tokens))), seq=seq)
+                for seq, tokens, start, outputs in parts]
 
     def copy_seq(self, src: int, dst: int) -> None:
         self.seqs[dst][:] = self.seqs[src]

@@ -74,6 +74,22 @@ class CostModel:
         return 1.0 / self.verify(1)
 
 
+def beside(cost: CostModel, rows: int) -> CostModel:
+    """What positions cost when added to a decode that holds `rows` positions of other requests already:
+    n positions cost verify(rows + n) - verify(rows), the time they add to the shared step. So a draft
+    pays where its tokens per added second beat its pending token's alone: on a CPU, where a step of
+    several sequences is compute-bound, drafts shrink to the nearly sure; on a GPU, where added
+    positions cost almost nothing, they stay. Sizes whose total the calibration measured are the ones
+    offered (best_length chooses only those), one position always. A step of several sequences costs
+    about what one sequence of as many positions costs (scripts/batch_shape_costs.py)."""
+    if rows <= 0:
+        return cost
+    held = cost.verify(rows)
+    least = 1e-3 * cost.verify(1)  # a flat table's added positions are not free: no division by zero
+    sizes = {1, *(n - rows for n in cost.verify_s if n > rows)}
+    return CostModel({n: max(cost.verify(rows + n) - held, least) for n in sorted(sizes)})
+
+
 @dataclass
 class DrafterCost:
     """Seconds per drafted token (0 for lookup drafters), learned as drafting happens."""

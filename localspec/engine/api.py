@@ -79,7 +79,6 @@ class Engine:
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation
                               chunk=lambda rows: prompt_chunk(rows, self.cost.verify, target.n_batch))
-        self._lone: Lane | None = None  # the last guest left, drafting with the engine's planner
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -335,10 +334,11 @@ class Engine:
         two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
         two `step_guests`. It takes a free slot now; its prompt is evaluated in chunks within the
         following steps (engine/parallel.py); its events go to `deliver` (its Prefill once its prompt is
-        in), its rounds from inside the running generation's steps. None drafts while several share a
-        step (engine/parallel.py); the last one left after the generation ended drafts with `drafter`
-        (`_lone_round`). Raises LocalspecError for a request the engine refuses,
-        or when no slot is free."""
+        in), its rounds from inside the running generation's steps. It drafts with `drafter` and a
+        planner of its own: lookups priced for the shared step while several share it
+        (engine/parallel.py), the draft model too once it is the last one left after the generation
+        ended (`_lone_round`). Raises LocalspecError for a request the engine refuses, or when no
+        slot is free."""
         request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
                                 "default", stop, cancel or threading.Event(), False)
         current = self._current
@@ -355,7 +355,9 @@ class Engine:
         except BaseException:
             request.close()
             raise
-        self._guests.join(self._lane(request, None, t0, deliver=deliver, cached=cached))
+        lane = self._lane(request, None, t0, deliver=deliver, cached=cached)
+        lane.planner = self._planner(request)
+        self._guests.join(lane)
         if paused and current is not None:
             current.waited_s += time.perf_counter() - t0
 
@@ -366,14 +368,8 @@ class Engine:
             return False
         try:
             self._guests.step(alone=self._lone_round)
-            lone = self._lone
-            if lone is not None and lone.ended is not None:  # its answer is evidence, as any request's
-                self._lone = None
-                assert lone.planner is not None
-                lone.planner.finish(lone.context[len(lone.request.prompt):])
         except BaseException:
             self._guests.drop()
-            self._lone = None
             raise
         finally:
             if not self._guests:
@@ -381,15 +377,11 @@ class Engine:
         return bool(self._guests)
 
     def _lone_round(self, lane: Lane) -> Step | None:
-        """A speculative round of the last guest left after the generation it joined ended, with a
-        planner of its own, made when it became the one left (the draft model's cache is free now:
-        nothing else holds the engine while guests remain)."""
-        request = lane.request
-        if self._lone is not lane:
-            lane.planner = self._planner(request, budget=request.max_tokens - lane.answer.tally.generated)
-            self._lone = lane
+        """A speculative round of the last guest left after the generation it joined ended, with its own
+        planner, the draft model included (its cache is free now: nothing else holds the engine while
+        guests remain)."""
         assert lane.planner is not None
-        step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, request.constraint)
+        step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, lane.request.constraint)
         if step is not None:
             self._learn(step, len(lane.context) - step.accepted - 1)
         return step
@@ -426,6 +418,7 @@ class Engine:
         prefill = self._prefill(request, planner, t0)
         yield prefill
         host = self._lane(request, prefill, t0, context=context)
+        host.planner = planner  # it drafts in steps shared with requests that join it, too
         kv, sampler, answer = host.kv, host.sampler, host.answer
         stop_reason: str | None = None
         solo: Generator[Step, None, None] | None = None  # the speculative loop, while this answer decodes alone
@@ -443,7 +436,7 @@ class Engine:
                     step, seconds = self._guests.step(host)
                     assert step is not None
                     t_round, waited = time.perf_counter(), request.waited_s
-                    event, stop_reason = answer.add(step, len(context) - 1, seconds, priced=True)
+                    event, stop_reason = answer.add(step, len(context) - step.accepted - 1, seconds, priced=True)
                 else:
                     if solo is None:
                         solo = speculate(kv, context, planner, sampler, request.cancel, request.constraint)

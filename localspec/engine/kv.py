@@ -93,12 +93,12 @@ class KvSequence:
         self.rewind(0)
 
 
-def extend_together(parts: Sequence[tuple[KvSequence, Sequence[int]]]) -> list[np.ndarray]:
-    """Each sequence's tokens appended in one evaluation (the sequences of one model); the logits after
-    each part's last token."""
+def extend_together(parts: Sequence[tuple[KvSequence, Sequence[int], int]]) -> list[np.ndarray]:
+    """Each sequence's tokens appended in one evaluation (the sequences of one model): (sequence, tokens,
+    outputs) each; the logits after each of a part's last `outputs` tokens, (outputs, n_vocab)."""
     model = parts[0][0].model
-    rows = model.decode_many([(kv.seq, list(tokens), len(kv.tokens)) for kv, tokens in parts])
-    for kv, tokens in parts:
+    rows = model.decode_many([(kv.seq, list(tokens), len(kv.tokens), outputs) for kv, tokens, outputs in parts])
+    for kv, tokens, _outputs in parts:
         kv.tokens.extend(tokens)
         kv.evaluated += len(tokens)
     return rows

@@ -128,8 +128,9 @@ class LanguageModel(Protocol):
         """Evaluate `tokens` at positions start… of sequence `seq`; the logits rows at `logits_for`."""
         ...
 
-    def decode_many(self, parts: Sequence[tuple[int, list[int], int]]) -> list[np.ndarray]:
-        """One evaluation for several sequences: (seq, tokens, start) each; the logits after each part's last token."""
+    def decode_many(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
+        """One evaluation for several sequences: (seq, tokens, start, outputs) each; the logits after each
+        of a part's last `outputs` tokens, (outputs, n_vocab)."""
         ...
 
     def copy_seq(self, src: int, dst: int) -> None:

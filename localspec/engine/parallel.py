@@ -14,11 +14,15 @@ engine sizes it by the calibrated costs), so a long prompt slows the running str
 freezing them for all its evaluation. A prompt's last token is evaluated as its first step's pending
 token, as alone (the first round evaluates it).
 
-No drafts while several sequences share a step: on a CPU a step of n sequences already costs about
-what n - 1 draft tokens would (calibration: 3 positions ~2x one on a 2-core AVX2 CPU), which is where
-speculation turns into a slowdown; drafts priced for a batch are not built. A generation that others
-joined drafts again once it is alone, and so does the last guest left after it ended (`Guests.step`'s
-`alone`: speculative rounds on its own sequence).
+A request with a planner (a generation and the requests that joined it, not the completions of one
+prompt, which draw as single requests with their seeds would) drafts in the shared steps too: its
+lookups' proposals (a copy, the history, what its grammar forces; the draft model has one sequence,
+so it waits until the request decodes alone), each priced by the time its positions add to the step
+(`adaptive.beside`). On a CPU a step of n sequences already costs about what n - 1 draft tokens
+would (calibration: 3 positions ~2x one on a 2-core AVX2 CPU), so there drafts shrink to the copies
+that are nearly sure; on a GPU the marginal positions cost little. A generation that others joined
+drafts as alone again once it is, and so does the last guest left after it ended (`Guests.step`'s
+`alone`: speculative rounds on its own sequence, the draft model included).
 """
 
 from __future__ import annotations
@@ -29,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from localspec.engine.answer import Answer
-from localspec.engine.drafters import Draft
+from localspec.engine.adaptive import beside
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import Planner, Step, decide
+from localspec.engine.speculative import Planner, Proposal, Step, propose, settle
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -44,6 +48,7 @@ from localspec.engine.speculative import Planner, Step, decide
 # (docs/performance.md, "Chats at once").
 STEP_S = 1.0
 LEAST_CHUNK = 64
+MAX_STEP_OUTPUTS = 64  # logits rows one shared decode may return (backend.MAX_LOGITS_PER_CALL)
 
 
 def prompt_chunk(rows: int, verify: Callable[[int], float], room: int, step_s: float = STEP_S,
@@ -80,7 +85,7 @@ class Lane:
     cached: int = 0                # prompt tokens its slot held already (a joining request's)
     chunks: int = 0                # steps that evaluated a chunk of its prompt
     deliver: Callable[[Event], None] | None = None  # where a guest's events go (a group's are yielded)
-    planner: Planner | None = None  # its own, once it drafts (the last guest left: Engine._lone_round)
+    planner: Planner | None = None  # its own, if it drafts (a generation and the requests that joined it)
     started: float = field(default_factory=time.perf_counter)  # its wall time counts from here
     ended: str | None = None
 
@@ -121,43 +126,76 @@ class Lane:
         return self.prefill
 
 
-def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None) -> tuple[list[Step | None], float, int]:
-    """One evaluation holding every lane's pending token, or, for the lanes in `chunks` (by position in
-    `lanes`), that many more tokens of its prompt (never its last). Each lane that evaluated its pending
-    token gets its next token, chosen as a plain round alone would choose it; a prompt's chunk gets None.
-    Returns the steps, the evaluation's seconds and the tokens it held."""
-    chunks = chunks or {}
-    parts = [(lane.kv, lane.unevaluated()[:chunks[i]] if i in chunks else [lane.context[-1]])
-             for i, lane in enumerate(lanes)]
-    t0 = time.perf_counter()
-    rows = extend_together(parts)
-    seconds = time.perf_counter() - t0
-    steps: list[Step | None] = []
-    for i, (lane, logits) in enumerate(zip(lanes, rows)):
+def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
+                  proposals: dict[int, Proposal] | None = None) -> tuple[list[Step | None], float, list[int]]:
+    """One evaluation holding every lane's pending token and its draft, if `proposals` (by position in
+    `lanes`) has one, or, for the lanes in `chunks`, that many more tokens of its prompt (never its
+    last). Each lane that evaluated its pending token gets its round settled as alone
+    (`speculative.settle`: the same accept rules, sampler, seed and grammar); a prompt's chunk gets None.
+    Returns the steps, the evaluation's seconds and the tokens each lane had in it."""
+    chunks, proposals = chunks or {}, proposals or {}
+    parts = []
+    for i, lane in enumerate(lanes):
         if i in chunks:
-            steps.append(None)
+            parts.append((lane.kv, lane.unevaluated()[:chunks[i]], 1))
+        else:
+            proposal = proposals.setdefault(i, Proposal.plain(lane.request.constraint))
+            parts.append((lane.kv, proposal.batch(lane.context), len(proposal.draft.tokens) + 1))
+    t0 = time.perf_counter()
+    try:
+        rows = extend_together(parts)
+        seconds = time.perf_counter() - t0
+        steps: list[Step | None] = []
+        for i, (lane, logits) in enumerate(zip(lanes, rows)):
+            if i in chunks:
+                steps.append(None)
+                continue
+            proposal = proposals[i]
+            step = settle(lane.kv, lane.context, proposal, logits, lane.sampler, seconds, lane.request.constraint,
+                          shared=len(lanes) - 1)
+            if lane.planner is not None:
+                lane.planner.observe(proposal.draft, step.accepted, seconds, len(parts[i][1]), step.token,
+                                     learn_cost=False)
+            steps.append(step)
+    finally:
+        for proposal in proposals.values():
+            proposal.close()
+    return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
+
+
+def _drafts(lanes: list[Lane], rows: int) -> dict[int, Proposal]:
+    """Each decoding lane's draft for a step already holding `rows` positions (every lane's pending
+    token and the prompts' chunks), priced by the time its positions add to the step (`beside`), each
+    lane's beside what the lanes before it added; within the batch and the logits rows one decode takes."""
+    proposals: dict[int, Proposal] = {}
+    outputs = len(lanes)
+    for i, lane in enumerate(lanes):
+        planner = lane.planner
+        if planner is None:
             continue
-        constraint = lane.request.constraint
-        _accepted, token = decide(logits[None, :], lane.context, Draft.empty(), lane.sampler, [constraint])
-        lane.context.append(token)
-        if constraint is not None:
-            constraint.accept(token)
-        steps.append(Step(draft=Draft.empty(), accepted=0, token=token, verify_s=seconds, shared=len(lanes) - 1))
-    return steps, seconds, sum(len(tokens) for _kv, tokens in parts)
+        room = min(lane.kv.room() - 1, lane.kv.model.n_batch - rows, MAX_STEP_OUTPUTS - outputs)
+        proposal = propose(lane.context, room, planner, lane.sampler, lane.request.constraint,
+                           cost=beside(planner.cost, rows - 1), lookups_only=True)
+        proposals[i] = proposal
+        rows += len(proposal.draft.tokens)
+        outputs += len(proposal.draft.tokens)
+    return proposals
 
 
 def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int], int] = lambda rows: 1 << 30,
              ) -> tuple[list[tuple[Lane, Event]], Step | None, float]:
-    """One shared step of `host` (if any) and every lane that can go on: the lanes' events (each token's
-    time is its share of the step; a prompt's Prefill when its last chunk is in), the host's step, and
-    that share. Prompts still being evaluated get `chunk(rows)` tokens in all (rows: the pending tokens
-    of the step), the oldest first; at least one token when nothing else is in the step."""
+    """One shared step of `host` (if any) and every lane that can go on: the lanes' events (each round's
+    time is its share of the step, by the positions it had in it; a prompt's Prefill when its last chunk
+    is in), the host's step, and its share. Prompts still being evaluated get `chunk(rows)` tokens in
+    all (rows: the pending tokens of the step), the oldest first; at least one token when nothing else
+    is in the step. Lanes with a planner draft lookups priced for the step (`_drafts`)."""
     for lane in lanes:
         lane.ended = lane.stops_before_step()
     going = [lane for lane in lanes if lane.ended is None]
     decoding = [lane for lane in going if lane.prompt_in]
     together = ([host] if host is not None else []) + decoding
     budget = max(chunk(len(together)), 0 if together else 1)
+    pending = len(together)
     chunks: dict[int, int] = {}
     for lane in going:
         if not lane.prompt_in and budget > 0:
@@ -168,17 +206,19 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
             budget -= n
     if not together:
         return [], None, 0.0
-    steps, seconds, tokens = step_together(together, chunks)
-    share = seconds / tokens
+    proposals = _drafts(together[:pending], pending + sum(chunks.values()))
+    steps, seconds, tokens = step_together(together, chunks, proposals)
+    shares = [seconds * n / sum(tokens) for n in tokens]
     host_step = steps.pop(0) if host is not None else None
+    host_share = shares.pop(0) if host is not None else 0.0
     events: list[tuple[Lane, Event]] = []
-    for lane, step in zip(together[1:] if host is not None else together, steps):
+    for lane, step, share in zip(together[1:] if host is not None else together, steps, shares):
         if step is not None:
-            event, lane.ended = lane.answer.add(step, len(lane.context) - 1, share, priced=True)
+            event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, share, priced=True)
             events.append((lane, event))
         elif lane.prompt_in:  # its first token is decoded in the next step
             events.append((lane, lane.prefilled()))
-    return events, host_step, share
+    return events, host_step, host_share
 
 
 def decode_together(lanes: list[Lane], estimate_tokens_per_s: float) -> Iterator[tuple[int, Event]]:
@@ -236,6 +276,8 @@ class Guests:
             for last in lane.finish(self._estimate()):
                 lane.deliver(last)
             lane.request.close()
+            if lane.planner is not None:  # its answer is evidence, as any request's
+                lane.planner.finish(lane.context[len(lane.request.prompt):])
             self.lanes.remove(lane)
         return host_step, share
 

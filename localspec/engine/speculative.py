@@ -65,22 +65,65 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
     room = target.room() - 1  # positions left for draft tokens after the pending one
     if room < 0:
         return None
-    draft = planner.draft(context, room, sampler, constraint)
-    rows: list[Constraint | None] = [None] * (len(draft.tokens) + 1)
-    q_next = None
-    if constraint is not None:
-        draft, rows, q_next = within_grammar(draft, constraint)
+    proposal = propose(context, room, planner, sampler, constraint)
     try:
-        step = _verify(target, context, draft, sampler, rows, q_next)
+        batch = proposal.batch(context)
+        t0 = time.perf_counter()
+        logits = target.extend(batch, range(len(batch)))
+        step = settle(target, context, proposal, logits, sampler, time.perf_counter() - t0, constraint)
     finally:
-        for row in rows[1:]:
+        proposal.close()
+    planner.observe(proposal.draft, step.accepted, step.verify_s, len(proposal.draft.tokens) + 1, step.token)
+    return step
+
+
+@dataclass
+class Proposal:
+    """A round's draft as it will be verified: cut where the grammar forbids it, the grammar's state
+    before each verify row (None: free text), and the draft's distribution at the cut."""
+
+    draft: Draft
+    rows: list[Constraint | None]
+    q_next: np.ndarray | None = None
+
+    @staticmethod
+    def plain(constraint: Constraint | None = None) -> "Proposal":
+        return Proposal(Draft.empty(), [constraint])
+
+    def batch(self, context: list[int]) -> list[int]:
+        """What the verify evaluates: the pending token and the draft."""
+        return [context[-1], *self.draft.tokens]
+
+    def close(self) -> None:
+        for row in self.rows[1:]:
             if row is not None:
                 row.close()
+
+
+def propose(context: list[int], room: int, planner: "Planner", sampler: Sampler, constraint: Constraint | None = None,
+            cost: CostModel | None = None, lookups_only: bool = False) -> Proposal:
+    """The planner's draft after `context` (at most `room` tokens; priced at `cost` when given, say a
+    batch's marginal costs), within the grammar."""
+    draft = planner.draft(context, room, sampler, constraint, cost=cost, lookups_only=lookups_only)
+    if constraint is None:
+        return Proposal(draft, [None] * (len(draft.tokens) + 1))
+    return Proposal(*within_grammar(draft, constraint))
+
+
+def settle(target: KvSequence, context: list[int], proposal: Proposal, logits: np.ndarray, sampler: Sampler,
+           verify_s: float, constraint: Constraint | None = None, shared: int = 0) -> Step:
+    """A verified proposal (`logits`: one row per position of `proposal.batch`): the longest acceptable
+    draft prefix and the target's next token. `context`, the KV cache and the grammar keep what was
+    accepted."""
+    draft = proposal.draft
+    accepted, token = decide(logits, context, draft, sampler, proposal.rows, proposal.q_next)
+    target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
+    context.extend(draft.tokens[:accepted])
+    context.append(token)
     if constraint is not None:
-        for token in [*draft.tokens[:step.accepted], step.token]:
-            constraint.accept(token)
-    planner.observe(draft, step.accepted, step.verify_s, len(draft.tokens) + 1, step.token)
-    return step
+        for kept in [*draft.tokens[:accepted], token]:
+            constraint.accept(kept)
+    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s, shared=shared)
 
 
 def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Constraint | None], np.ndarray | None]:
@@ -99,21 +142,6 @@ def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Co
         nxt.accept(token)
         rows.append(nxt)
     return draft, rows, None
-
-
-def _verify(target: KvSequence, context: list[int], draft: Draft, sampler: Sampler, rows: list[Constraint | None],
-            q_next: np.ndarray | None) -> Step:
-    """One verify batch: the pending token and the draft; the longest acceptable draft prefix and the
-    target's next token. `context` and the KV cache keep what was accepted."""
-    batch = [context[-1], *draft.tokens]
-    t0 = time.perf_counter()
-    logits = target.extend(batch, range(len(batch)))
-    verify_s = time.perf_counter() - t0
-    accepted, token = decide(logits, context, draft, sampler, rows, q_next)
-    target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
-    context.extend(draft.tokens[:accepted])
-    context.append(token)
-    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s)
 
 
 def decide(logits: np.ndarray, context: list[int], draft: Draft, sampler: Sampler, rows: list[Constraint | None],
@@ -239,24 +267,29 @@ class Planner:
         for _name, turn in self.active:
             turn.prefill(context, plan)
 
-    def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
+    def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None, *,
+              cost: CostModel | None = None, lookups_only: bool = False) -> Draft:
         """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
-        state after `context`, for drafters that read it."""
+        state after `context`, for drafters that read it. `cost`: what the verify positions cost this
+        round, when not the target's own costs (a step shared with other requests prices the positions
+        this draft adds to it, `adaptive.beside`); `lookups_only`: only proposals made with their offer
+        (a shared step has no draft model sequence of this request's, nor time for a probe)."""
         if room <= 0 or self.mode == "none":
             return Draft.empty()
-        plan = dataclasses.replace(self.plan, grammar=grammar)
+        plan = dataclasses.replace(self.plan, grammar=grammar, cost=cost or self.cost)
         probing = self.drafting.probing
-        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
+        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None
+                  and not (lookups_only and o.draft is None)]
         for key in probing.since_tried:
             probing.since_tried[key] += 1
         viable = [(n, t, o) for n, t, o in offers if o.length > 0]
         if viable:
             name, turn, offer = max(viable, key=lambda choice: choice[2].rate)
             probing.wait = probing.every
-            if self._plain_probe(len(context), offer):
+            if not lookups_only and self._plain_probe(len(context), offer):
                 return Draft.empty()
         else:
-            probe = self._probe(context, plan)
+            probe = None if lookups_only else self._probe(context, plan)
             if probe is None:
                 return Draft.empty()
             name, turn, offer = probe
@@ -288,9 +321,12 @@ class Planner:
         probing.wait = min(probing.wait * 2, probing.longest)
         return name, turn, offer
 
-    def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None) -> None:
+    def observe(self, draft: Draft, accepted: int, verify_s: float, batch_n: int, token: int | None = None,
+                learn_cost: bool = True) -> None:
+        """How the round went; `learn_cost` False for a step shared with other requests (its time is
+        not what `batch_n` positions of one sequence cost)."""
         self.budget = max(self.budget - accepted - 1, 0)
-        if self.drafting.learn_costs:
+        if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)

@@ -332,18 +332,20 @@ class Model(_Metadata):
                     out[row] = logits
         return out
 
-    def decode_many(self, parts: Sequence[tuple[int, list[int], int]]) -> list[np.ndarray]:
-        """Several sequences in one `llama_decode`: each part is (seq, tokens, start), and gets back the
-        logits after its last token. At most n_batch tokens in all (a step of several requests, not a prompt)."""
-        n = sum(len(tokens) for _seq, tokens, _start in parts)
-        if n > self.n_batch or len(parts) > (self.options.n_outputs_max or self.n_batch):
+    def decode_many(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
+        """Several sequences in one `llama_decode`: each part is (seq, tokens, start, outputs), and gets
+        back the logits after each of its last `outputs` tokens, (outputs, n_vocab). At most n_batch
+        tokens in all (a step of several requests, not a prompt)."""
+        n = sum(len(tokens) for _seq, tokens, _start, _outputs in parts)
+        wanted = sum(outputs for *_rest, outputs in parts)
+        if n > self.n_batch or wanted > (self.options.n_outputs_max or self.n_batch):
             raise LocalspecError(f"At most {self.n_batch} tokens in one step of several sequences; {n} asked.")
         batch = self._batch
         assert batch is not None, "decode after close()"
         j, outputs = 0, []
-        for seq, tokens, start in parts:
-            if not tokens:
-                raise ValueError("every sequence of a step evaluates at least one token")
+        for seq, tokens, start, count in parts:
+            if not tokens or not 1 <= count <= len(tokens):
+                raise ValueError("every sequence of a step evaluates a token and takes logits for 1 to all of them")
             if start + len(tokens) > self.n_ctx:
                 raise ContextOverflowError(
                     f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens.")
@@ -352,17 +354,17 @@ class Model(_Metadata):
                 batch.pos[j] = start + i
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = seq
-                batch.logits[j] = i == len(tokens) - 1
+                batch.logits[j] = i >= len(tokens) - count
                 j += 1
-            outputs.append(j - 1)
+            outputs.append(list(range(j - count, j)))
         batch.n_tokens = j
         rc = L.llama_decode(self._ctx, batch)
         if rc == 1:
             raise ContextOverflowError(f"The KV cache of {self.path.name} is full.")
         if rc != 0:
             raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
-        return [np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy()
-                for i in outputs]
+        return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+                          for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
 
     def copy_seq(self, src: int, dst: int) -> None:
         """Make sequence `dst` hold exactly what `src` holds (each sequence has its own cells here, so
