@@ -6,6 +6,7 @@ server now), with --no-join (each waits for the one before: what it did before),
     .venv/bin/python scripts/chats_at_once.py                          # 4 chats, --slots 4, 2 trials
     .venv/bin/python scripts/chats_at_once.py --clients 4 --slots 4 --trials 3 --json out.json
     .venv/bin/python scripts/chats_at_once.py --configs join,llama-server
+    .venv/bin/python scripts/chats_at_once.py --configs join,no-drafts --questions edit
 
 Each server configuration starts in turn (never two at once), the order of configurations reversed
 on every other trial; per trial: one chat alone, then N at once (streamed OpenAI chat completions,
@@ -28,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parallel_completions import free_port, llama_server, start_llama_server, start_server  # noqa: E402
 
-CONFIGS = ("join", "no-join", "llama-server")
+CONFIGS = ("join", "no-drafts", "no-join", "llama-server")  # no-drafts: joining, `--drafter none`
 
 QUESTIONS = [
     "Explain how a hash map handles collisions, with an example in Python.",
@@ -37,6 +38,26 @@ QUESTIONS = [
     "How does a B-tree keep lookups fast as a database grows?",
     "Write a short guide to writing good commit messages.",
     "What happens, step by step, when you type a URL into a browser?",
+]
+
+# Edits (answers that copy their prompt, where drafts pay): written for this script, not tuned on.
+EDITS = [
+    "Add type hints to this function and return the result:\n```python\ndef merge(a, b):\n    out = dict(a)\n"
+    "    for key, value in b.items():\n        if key in out and isinstance(out[key], dict):\n"
+    "            out[key] = merge(out[key], value)\n        else:\n            out[key] = value\n    return out\n```",
+    "Rename `items` to `records` everywhere in this code:\n```python\ndef total(items):\n    s = 0\n"
+    "    for item in items:\n        s += item.price * item.count\n    return s\n\n\ndef cheapest(items):\n"
+    "    return min(items, key=lambda item: item.price)\n```",
+    "Make this function skip blank lines and return the result:\n```python\ndef parse(text):\n    rows = []\n"
+    "    for line in text.splitlines():\n        name, _, value = line.partition('=')\n"
+    "        rows.append((name.strip(), value.strip()))\n    return rows\n```",
+    "Add a docstring to each function:\n```python\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n\n\n"
+    "def lerp(a, b, t):\n    return a + (b - a) * t\n\n\ndef remap(x, a, b, c, d):\n"
+    "    return lerp(c, d, (x - a) / (b - a))\n```",
+    "Convert this loop to use enumerate and return the code:\n```python\ndef find(xs, target):\n    i = 0\n"
+    "    while i < len(xs):\n        if xs[i] == target:\n            return i\n        i += 1\n    return -1\n```",
+    "Replace print with logging in this code:\n```python\ndef sync(files, dest):\n    for f in files:\n"
+    "        print('copying', f)\n        copy(f, dest)\n    print('done:', len(files), 'files')\n```",
 ]
 
 
@@ -68,17 +89,19 @@ def at_once(url: str, questions: list[str], tokens: int) -> list[dict]:
     return results
 
 
-def run(entry: str, slots: int, config: str, clients: int, tokens: int, trial: int) -> dict:
+def run(entry: str, slots: int, config: str, clients: int, tokens: int, trial: int,
+        questions: list[str] = QUESTIONS) -> dict:
     port = free_port()
     if config == "llama-server":
         proc = start_llama_server(entry, slots, port)
     else:
-        proc = start_server(entry, slots, port, extra=["--no-join"] if config == "no-join" else [])
+        extra = {"no-join": ["--no-join"], "no-drafts": ["--drafter", "none"]}.get(config, [])
+        proc = start_server(entry, slots, port, extra=extra)
     url = f"http://127.0.0.1:{port}"
     try:
         at_once(url, QUESTIONS[-1:], 8)  # warm-up
-        alone = at_once(url, QUESTIONS[trial % len(QUESTIONS):][:1], tokens)[0]
-        many = at_once(url, [QUESTIONS[(trial + i) % len(QUESTIONS)] for i in range(clients)], tokens)
+        alone = at_once(url, questions[trial % len(questions):][:1], tokens)[0]
+        many = at_once(url, [questions[(trial + i) % len(questions)] for i in range(clients)], tokens)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -104,8 +127,11 @@ def main() -> None:
                     help=f"comma-separated, of {', '.join(CONFIGS)} (default: all; llama-server when on PATH)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--questions", choices=("chat", "edit"), default="chat",
+                    help="chat questions, or edits of code in the prompt (answers that copy it)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    questions = EDITS if args.questions == "edit" else QUESTIONS
     configs = args.configs.split(",") if args.configs else [c for c in CONFIGS
                                                              if c != "llama-server" or llama_server() is not None]
     unknown = set(configs) - set(CONFIGS)
@@ -114,7 +140,7 @@ def main() -> None:
     rows = []
     for trial in range(args.trials):
         for config in (configs if trial % 2 == 0 else configs[::-1]):
-            rows.append(run(args.entry, args.slots, config, args.clients, args.tokens, trial))
+            rows.append(run(args.entry, args.slots, config, args.clients, args.tokens, trial, questions))
     print(f"\n| {args.clients} chats at once | aggregate tok/s (x one alone) | first token median / worst |")
     print("|---|---|---|")
     for config in configs:

@@ -195,10 +195,11 @@ def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
     planner = engine.planner_for("model", None, budget=1)
     context = list(range(4, 44)) * 10  # 400 tokens the draft model has not seen
     rate = 3.0 / engine.cost.verify(1)
-    assert engine.drafter("model").behind(context) == len(context)
-    assert not engine.drafter("model").catch_up_pays(context, rate, planner.plan)
+    turn = planner.turn("model")
+    assert turn.behind(context) == len(context)
+    assert not turn.catch_up_pays(context, rate, planner.plan)
     planner.budget = 10_000
-    assert engine.drafter("model").catch_up_pays(context, rate, planner.plan)
+    assert turn.catch_up_pays(context, rate, planner.plan)
 
 
 def test_the_longest_drafts_are_lengths_the_planner_can_choose():
@@ -647,8 +648,8 @@ def test_a_draft_models_catch_up_is_priced_by_its_own_measured_prefill():
     rpc = CostModel({1: 0.056, 2: 0.09, 4: 0.11, 8: 0.166, 16: 0.185, 64: 0.45})  # through two workers at 5 ms
     context = list(range(4, 44))  # 40 tokens the draft model has not seen
     plan = Plan(cost=rpc, budget=128)
-    estimated = ModelDrafter(ToyModel(), per_token_s=0.014)
-    measured = ModelDrafter(ToyModel(), per_token_s=0.014, prefill_s=0.006)
+    estimated = ModelDrafter(ToyModel(), per_token_s=0.014).begin([], plan)
+    measured = ModelDrafter(ToyModel(), per_token_s=0.014, prefill_s=0.006).begin([], plan)
     assert estimated.probe(context, plan) is not None     # 40 x 1.8 ms estimated: within the probe's share
     assert measured.probe(context, plan) is None          # 40 x 6 ms measured: not
     assert measured.probe(context[-2:], plan) is not None  # a draft nearly in step is still probed
@@ -739,3 +740,28 @@ def test_an_interjection_needs_a_paused_generation_and_a_second_slot():
     assert not one_slot.interjects
     with pytest.raises(LocalspecError, match="one KV slot"):
         one_slot.generate([0, 5], interject=True)
+
+
+def test_each_request_drafts_in_its_own_draft_model_sequence():
+    """Two conversations alternating (a chat, an editor): each request drafts in the draft model's
+    sequence that holds most of its prompt, so a conversation's next request evaluates only what is new
+    there, where one shared sequence evaluates the whole conversation again. Answers stay exact."""
+    first, other = [0, 5, 9, 11, 13, 5, 9, 11, 13], [0, 30, 2, 3, 17, 30, 2, 3]
+
+    def third_request_cost(draft_seqs):
+        target = ToyModel(seed=3, n_seq=2)
+        draft = ToyModel(seed=3, noise_seed=103, noise=0.0, n_seq=draft_seqs)
+        engine = Engine(target, draft, EngineOptions(drafter="model", learn_costs=False),
+                        cost=CostModel(dict(COST)), draft_cost_s=0.001)
+        engine.drafter("model").p_min = 0.0
+        answer = _tokens(list(engine.generate(first, max_tokens=30)))
+        assert _tokens(list(engine.generate(other, max_tokens=30))) == _plain(other, 30)
+        follow_up = first + answer + [7, 8]
+        before = draft.evaluated
+        assert _tokens(list(engine.generate(follow_up, max_tokens=10))) == _plain(follow_up, 10)
+        return draft.evaluated - before, len(follow_up)
+
+    own, length = third_request_cost(draft_seqs=2)
+    shared, _ = third_request_cost(draft_seqs=1)
+    assert shared >= length                  # the whole conversation evaluated again
+    assert own <= shared - length + 4        # only what is new since its last request (and its drafts)

@@ -56,9 +56,9 @@ def load_files(
                                              placement=placement, flash_attn=flash_attn))
     draft_model = self_model = None
     try:
-        # The draft model drafts for one request at a time, which holds at most one slot's context.
-        local = ModelOptions(n_ctx=target.n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
-                             flash_attn=flash_attn)
+        # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
+        local = ModelOptions(n_ctx=target.n_ctx * target.n_seq, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
+                             n_seq=target.n_seq, flash_attn=flash_attn)
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,

@@ -299,4 +299,6 @@ class Guests:
         """The generation they joined failed: let go of their slots (the caller tells their clients)."""
         for lane in self.lanes:
             lane.request.close()
+            if lane.planner is not None:
+                lane.planner.finish(lane.context[len(lane.request.prompt):])
         self.lanes.clear()

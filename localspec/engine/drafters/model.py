@@ -1,5 +1,9 @@
 """The "model" and "self" drafters: a smaller GGUF with the target's vocabulary (or the target's own
-first layers), drafting token by token in its own KV cache, priced by its acceptance by position."""
+first layers), drafting token by token in its own KV cache, priced by its acceptance by position.
+
+The draft model has a KV sequence per target slot: each request drafts in its own (the free one
+holding most of its prompt), so requests that alternate (two chats, a chat and an editor) each find
+their conversation still there instead of evaluating it again."""
 
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ from localspec.engine.sampling import Sampler, softmax
 class ModelDrafter(Drafter):
     """A smaller GGUF with the same vocabulary, drafting token by token in its own KV cache.
 
-    The last drafted token is never decoded here: if the target keeps it, it is evaluated with the
-    next round's catch-up, so no position is ever run twice.
+    What it learns across requests: its cost per token and its acceptance by position (each request
+    starts from it at reduced weight and leaves its own record). Each request drafts in a `ModelTurn`
+    on a KV sequence of its own. The last drafted token is never decoded there: if the target keeps
+    it, it is evaluated with the next round's catch-up, so no position is ever run twice.
     """
 
     max_len = 7            # longest draft: a verify batch of 8, a calibrated size (calibration.CALIBRATION_SIZES)
@@ -31,13 +37,13 @@ class ModelDrafter(Drafter):
     def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
                  prior: float = 0.7, learn_costs: bool = True, prefill_s: float | None = None):
         self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
-        self.kv = KvSequence(model)
+        self.sequences = [KvSequence(model, seq=i) for i in range(model.n_seq)]
         self.p_min = p_min  # stop drafting when the draft's top probability falls below this
-        self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
         self.cost = DrafterCost(per_token_s=per_token_s)
         self.prefill_s = prefill_s  # seconds per position of a catch-up, measured; None: estimated
         self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
         self.learn_costs = learn_costs
+        self._requests = 0
 
     @classmethod
     def build(cls, sources: Sources, name: str = "model") -> "ModelDrafter | None":
@@ -53,36 +59,78 @@ class ModelDrafter(Drafter):
                    prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs,
                    prefill_s=prefill / cls.prefill_batch if prefill else None)
 
-    # ------------------------------------------------------------------ pricing
+    @property
+    def kv(self) -> KvSequence:
+        """The first sequence (the only one of a draft model loaded for one slot)."""
+        return self.sequences[0]
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "ModelTurn":
         # What earlier requests taught is kept as a prior at reduced weight, so this request's own
         # evidence takes over within a few rounds.
         known = self.acceptance
-        return ModelTurn(self, dataclasses.replace(known, tried=[t * 0.3 for t in known.tried],
-                                                   kept=[k * 0.3 for k in known.kept]))
+        acceptance = dataclasses.replace(known, tried=[t * 0.3 for t in known.tried], kept=[k * 0.3 for k in known.kept])
+        return ModelTurn(self, self._sequence_for(prompt), acceptance)
 
-    def prefill(self, context: Sequence[int], plan: Plan, acceptance: Acceptance | None = None) -> None:
+    def _sequence_for(self, prompt: Sequence[int]) -> KvSequence:
+        """A free sequence this prompt continues (its prefix is at least half of what the sequence holds:
+        the same conversation, not another one with the same system prompt), the one holding most of it;
+        else the least recently used free one (an empty one first); with none free (more requests than
+        slots), the least recently used one, shared."""
+        self._requests += 1
+        free = [kv for kv in self.sequences if not kv.busy]
+        if not free:
+            kv = min(self.sequences, key=lambda kv: kv.last_used)
+        else:
+            held = {kv.seq: common_prefix(kv.tokens, prompt) for kv in free}
+            continued = [kv for kv in free if held[kv.seq] > 0 and 2 * held[kv.seq] >= len(kv.tokens)]
+            kv = (max(continued, key=lambda kv: held[kv.seq]) if continued
+                  else min(free, key=lambda kv: kv.last_used))
+            kv.busy = True
+        kv.last_used = self._requests
+        return kv
+
+    def reset(self) -> None:
+        for kv in self.sequences:
+            kv.reset()
+
+    def observe_cost(self, draft: Draft) -> None:
+        if isinstance(draft.note, float) and self.learn_costs:  # seconds per token, where the draft measured them
+            self.cost.observe(1, draft.note)
+
+
+class ModelTurn(Turn):
+    """One request's drafting with the draft model: its KV sequence, and its record of the draft's
+    acceptance (from the drafter's at reduced weight; it becomes the drafter's when the request ends)."""
+
+    def __init__(self, drafter: ModelDrafter, kv: KvSequence, acceptance: Acceptance):
+        self.drafter = drafter
+        self.kv = kv
+        self.acceptance = acceptance
+        self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
+
+    # ------------------------------------------------------------------ pricing
+
+    def prefill(self, context: Sequence[int], plan: Plan) -> None:
         """Bring the prompt in only when this request is expected to draft with it (or a fixed length
         forces it). A drafter that is not expected to pay costs nothing: no prefill now, and a catch-up
         (priced, see `catch_up_pays`) only when it first wins a round. On a CPU the default pair's draft
         model never pays, and prefilling it added ~50% to the time to first token
         (scripts/plain_parity.py measures both)."""
-        cap = plan.fixed_len if plan.fixed_len is not None else self.max_len
-        if plan.fixed_len is not None or self._best(cap, plan, acceptance or self.acceptance)[0] > 0:
+        cap = plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len
+        if plan.fixed_len is not None or self._best(cap, plan)[0] > 0:
             self.prepare(context)
 
-    def _best(self, cap: int, plan: Plan, acceptance: Acceptance) -> tuple[int, float]:
-        return best_length(acceptance.rates(cap), plan.cost, self.cost.per_token_s, margin_for(acceptance.samples))
+    def _best(self, cap: int, plan: Plan) -> tuple[int, float]:
+        return best_length(self.acceptance.rates(cap), plan.cost, self.drafter.cost.per_token_s,
+                           margin_for(self.acceptance.samples))
 
-    def offer(self, context: Sequence[int], room: int, plan: Plan, acceptance: Acceptance | None = None) -> Offer | None:
-        """The best length at `acceptance` (a request's; the drafter's own record without one)."""
-        cap = min(plan.fixed_len if plan.fixed_len is not None else self.max_len, room)
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        cap = min(plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len, room)
         if cap <= 0:
             return None
         if plan.fixed_len is not None:
             return Offer(cap, 0.0)  # a fixed length: a lookup that found something goes first
-        k, rate = self._best(cap, plan, acceptance or self.acceptance)
+        k, rate = self._best(cap, plan)
         if k > 0 and not self.catch_up_pays(context, rate, plan):
             k = 0
         return Offer(k, rate)
@@ -93,10 +141,11 @@ class ModelDrafter(Drafter):
         probe is a guess at what the drafter might do, and with the target on RPC workers (a verify batch
         dear, a draft token cheap) probes that each caught up a whole prompt cost 5-20% of short answers
         that never drafted (scripts/rpc_bench.py)."""
-        k, rate = best_length([self.plausible_best] * self.max_len, plan.cost, self.cost.per_token_s)
+        drafter = self.drafter
+        k, rate = best_length([drafter.plausible_best] * drafter.max_len, plan.cost, drafter.cost.per_token_s)
         if k == 0:
             return None
-        if self.behind(context) * self._catch_up_per_position(plan) > self.probe_share * plan.budget * plan.cost.verify(1):
+        if self.behind(context) * self._catch_up_per_position(plan) > drafter.probe_share * plan.budget * plan.cost.verify(1):
             return None
         return Offer(1, rate) if self.catch_up_pays(context, rate, plan) else None
 
@@ -106,11 +155,11 @@ class ModelDrafter(Drafter):
         largest calibrated batch, scaled by how much cheaper a draft token is than a target token; with
         the target on RPC workers that undercounts a prefill on the client's cores 2-4x, and probes the
         estimate let through cost chats and stories 5-23% (scripts/rpc_bench.py at 5 ms)."""
-        if self.prefill_s is not None:
-            return self.prefill_s
+        if self.drafter.prefill_s is not None:
+            return self.drafter.prefill_s
         cost = plan.cost
         largest = max(cost.verify_s)
-        return cost.verify(largest) / largest * self.cost.per_token_s / cost.verify(1)
+        return cost.verify(largest) / largest * self.drafter.cost.per_token_s / cost.verify(1)
 
     def catch_up_pays(self, context: Sequence[int], rate: float, plan: Plan) -> bool:
         """Whether drafting at `rate` tokens/s over the rest of the answer repays bringing the cache up
@@ -123,21 +172,13 @@ class ModelDrafter(Drafter):
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
-        self.observe_cost(draft)
+        self.drafter.observe_cost(draft)
 
-    def observe_cost(self, draft: Draft) -> None:
-        if isinstance(draft.note, float) and self.learn_costs:  # seconds per token, where the draft measured them
-            self.cost.observe(1, draft.note)
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        self.drafter.acceptance = self.acceptance
+        self.kv.busy = False  # (its tokens stay: this conversation's next request finds them)
 
     # ------------------------------------------------------------------ drafting
-
-    @property
-    def n_ctx(self) -> int:
-        return self.kv.n_ctx
-
-    def reset(self) -> None:
-        self.kv.reset()
-        self._ready = None
 
     def prepare(self, context: Sequence[int]) -> None:
         """Bring a new prompt into the draft's cache now (counted as prompt time, not draft time)."""
@@ -146,9 +187,9 @@ class ModelDrafter(Drafter):
             self._ready = (len(context), self.kv.sync(context))
 
     def behind(self, context: Sequence[int]) -> int:
-        """Tokens of `context` this drafter's cache would have to evaluate before it can draft (for
-        pricing; `propose` does the real sync). Asked every round the drafter could win: when the cache
-        ends the way the context did at that length (the usual case), no scan of the whole context."""
+        """Tokens of `context` this request's draft sequence would have to evaluate before it can draft
+        (for pricing; `propose` does the real sync). Asked every round the drafter could win: when the
+        cache ends the way the context did at that length (the usual case), no scan of the whole context."""
         held = self.kv.tokens
         n = len(held)
         if n <= len(context) and held[-8:] == list(context[max(n - 8, 0):n]):
@@ -172,6 +213,7 @@ class ModelDrafter(Drafter):
             return Draft.empty()  # a draft context smaller than the target's just stops drafting
         t0 = time.perf_counter()
         logits, caught_up = self._logits_after(context)
+        p_min = self.drafter.p_min
         history = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
@@ -179,17 +221,17 @@ class ModelDrafter(Drafter):
             if sampler.greedy:
                 adjusted = sampler.adjusted(logits, history)
                 token = int(np.argmax(adjusted))
-                confidence = float(softmax(adjusted)[token]) if self.p_min > 0 else 1.0
+                confidence = float(softmax(adjusted)[token]) if p_min > 0 else 1.0
             else:
                 q = sampler.probs(logits, history)
                 token = sampler.draw(q)
                 confidence = float(q.max())
                 rows.append(q)
-            if tokens and confidence < self.p_min:
+            if tokens and confidence < p_min:
                 break  # not even this one: the draft stops where the model stops being sure
             tokens.append(token)
             history.append(token)
-            if len(tokens) >= max_len or confidence < self.p_min:
+            if len(tokens) >= max_len or confidence < p_min:
                 break
             logits = self.kv.extend([token], [0])[0]
         seconds = time.perf_counter() - t0
@@ -197,37 +239,9 @@ class ModelDrafter(Drafter):
         return Draft(
             tokens=tokens,
             q=np.stack(rows[:len(tokens)]) if rows else None,
-            source=self.name,
+            source=self.drafter.name,
             seconds=seconds,
             # The note: seconds per drafted token, when this draft measured the steady cost (a long
             # catch-up, a new prompt, says nothing about it).
             note=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
         )
-
-
-class ModelTurn(Turn):
-    """One request's record of the draft model's acceptance (from the drafter's at reduced weight);
-    the drafter's cache and costs are shared. The request's record becomes the drafter's when it ends."""
-
-    def __init__(self, drafter: ModelDrafter, acceptance: Acceptance):
-        self.drafter = drafter
-        self.acceptance = acceptance
-
-    def prefill(self, context: Sequence[int], plan: Plan) -> None:
-        self.drafter.prefill(context, plan, self.acceptance)
-
-    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
-        return self.drafter.offer(context, room, plan, self.acceptance)
-
-    def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
-        return self.drafter.probe(context, plan)
-
-    def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
-        return self.drafter.propose(context, length, sampler)
-
-    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
-        self.acceptance.observe(len(draft.tokens), accepted)
-        self.drafter.observe_cost(draft)
-
-    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
-        self.drafter.acceptance = self.acceptance
