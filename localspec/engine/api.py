@@ -71,10 +71,12 @@ class Engine:
         # What drafting learns across requests; each request plans with a Planner of its own from it.
         self.drafting = Drafting(self.cost, self._drafters, learn_costs=opts.learn_costs,
                                  plain_wanted=self.plain_rounds.wanted)
-        # Interjections draft copies of their own context only: the draft model's one cache (and the
-        # history it would record to) stays the waiting generation's.
-        self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control)], learn_costs=opts.learn_costs,
-                              plain_wanted=self.plain_rounds.wanted)
+        # Interjections draft copies of their own context and the history (each request has its own turn
+        # of it; their answers are recorded, so an editor's repeated completion replays), not the draft
+        # model: the waiting generation's draft sequence stays as it was.
+        history = [d for d in self._drafters if d.name == "history"]
+        self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control), *history],
+                              learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted)
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation
@@ -253,9 +255,9 @@ class Engine:
 
     def _interjection(self, request: Request) -> Iterator[Event]:
         """A short request run to its end while the current generation waits between two rounds (its
-        consumer, on the same thread, is not asking for the next one): on another KV slot, drafting only
-        copies of its own context (a planner of its own: the waiting generation's drafters, their state
-        and the draft model's cache stay as they were); costs and measured plain rounds are shared."""
+        consumer, on the same thread, is not asking for the next one): on another KV slot, drafting
+        copies and the history with a planner of its own (the waiting generation's turns and the draft
+        model's cache stay as they were); costs and measured plain rounds are shared."""
         current = self._waiting_generation()
         t0 = time.perf_counter()
         try:
