@@ -1,10 +1,12 @@
-"""Print what one decode of s sequences x p positions costs against one sequence of s*p positions.
+"""Print what one decode of several sequences costs, by shape, against two predictions from the
+calibration of one sequence: one sequence of as many positions, and `adaptive.step_cost`.
 
-Drafts in a step shared by several requests are priced from the calibration of one sequence
-(`adaptive.beside`: n positions added to a step of r cost verify(r + n) - verify(r)), which holds if
-a batch costs what its positions cost, however they are split among sequences. This measures it:
-every shape after the same context in each sequence, logits for every position (as a verify asks),
-medians of passes that alternate the two layouts.
+A step shared by several requests holds each one's pending token and maybe its draft. Each sequence
+has its own KV cells, and llama.cpp then splits a batch into micro-batches that take as many tokens
+from every sequence in them: parts of different lengths cost a pass per length (1 + 1 + 16 is a
+pass of 3 x 1 and another of 15), which `step_cost` prices and drafts in shared steps are priced by
+(`adaptive.beside`). Logits for every position (as a verify asks); medians of passes in alternating
+order.
 
     .venv/bin/python scripts/batch_shape_costs.py [catalog pair or GGUF path] [--context 200] [--repeats 5]
 """
@@ -18,8 +20,11 @@ import time
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
+from localspec.engine.adaptive import CostModel, step_cost
+from localspec.engine.calibration import CALIBRATION_SIZES
 
-SHAPES = [(s, p) for s in (1, 2, 3, 4) for p in (1, 2, 4, 8)]
+SHAPES = [(1,), (1, 1), (1, 1, 1), (1, 1, 1, 1), (2, 2), (4, 4), (4, 4, 4, 4), (8, 8), (16, 1), (8, 1),
+          (8, 1, 1, 1), (14, 1, 1), (16, 16)]
 
 
 def main() -> None:
@@ -32,19 +37,19 @@ def main() -> None:
     from localspec.loader import resolve
     target = resolve(args.entry or load_catalog().default_pair)[0]
     print(backend.system_info())
-    seqs = max(s for s, _p in SHAPES)
+    seqs = max(len(shape) for shape in SHAPES)
     model = backend.Model(target, backend.ModelOptions(n_ctx=seqs * 1024, n_seq=seqs))
     n_vocab, ctx = model.n_vocab, args.context
     filler = [(17 + 31 * i) % (n_vocab - 1) + 1 for i in range(ctx + 64)]
     for seq in range(seqs):
         model.decode(filler[:ctx], 0, [ctx - 1], seq=seq)
 
-    def shared(s: int, p: int) -> float:
-        parts = [(seq, filler[ctx:ctx + p], ctx, p) for seq in range(s)]
+    def shared(shape: tuple[int, ...]) -> float:
+        parts = [(seq, filler[ctx:ctx + n], ctx, n) for seq, n in enumerate(shape)]
         t0 = time.perf_counter()
         model.decode_many(parts)
         seconds = time.perf_counter() - t0
-        for seq in range(s):
+        for seq in range(len(shape)):
             model.truncate(ctx, seq)
         return seconds
 
@@ -56,22 +61,25 @@ def main() -> None:
         return seconds
 
     single(1)  # warm-up
-    times: dict[tuple[int, int], tuple[list[float], list[float]]] = {shape: ([], []) for shape in SHAPES}
+    sizes = sorted(set(CALIBRATION_SIZES[:8]) | {sum(shape) for shape in SHAPES})
+    one_seq: dict[int, list[float]] = {n: [] for n in sizes}
+    times: dict[tuple[int, ...], list[float]] = {shape: [] for shape in SHAPES}
     for r in range(args.repeats):
-        for s, p in SHAPES:
-            a, b = times[(s, p)]
-            if r % 2 == 0:
-                a.append(shared(s, p))
-                b.append(single(s * p))
-            else:
-                b.append(single(s * p))
-                a.append(shared(s, p))
-    one = statistics.median(times[(1, 1)][1])
+        for shape in (SHAPES if r % 2 == 0 else SHAPES[::-1]):
+            times[shape].append(shared(shape))
+        for n in (sizes if r % 2 == 0 else sizes[::-1]):
+            one_seq[n].append(single(n))
+    table = {n: statistics.median(v) for n, v in one_seq.items()}
+    cost = CostModel({n: s for n, s in table.items() if n in CALIBRATION_SIZES})
+    one = table[1]
     print(f"{target.name}: one position {one * 1000:.1f} ms, {ctx} tokens of context per sequence")
-    print("seqs x pos  total  shared ms  one-seq ms  shared/one-seq  shared x one position")
-    for s, p in SHAPES:
-        a, b = (statistics.median(x) for x in times[(s, p)])
-        print(f"{s:4d} x {p:3d}  {s * p:5d}  {a * 1000:9.1f}  {b * 1000:10.1f}  {a / b:14.2f}  {a / one:21.2f}")
+    print("positions per sequence   measured ms   x one   one sequence of the total   step_cost")
+    for shape in SHAPES:
+        measured = statistics.median(times[shape])
+        total = table[sum(shape)]
+        print(f"{' + '.join(map(str, shape)):22s} {measured * 1000:11.1f} {measured / one:7.2f}"
+              f" {total * 1000:14.1f} ({measured / total:4.2f}x) {step_cost(cost, list(shape)) * 1000:8.1f}"
+              f" ({measured / step_cost(cost, list(shape)):4.2f}x)")
     model.close()
 
 

@@ -152,10 +152,12 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
     assert answer_tokens(guests["greedy"]) == _solo(PROMPT, SamplingSettings(temperature=0.0), 30)
     assert answer_tokens(guests["sampled"]) == _solo(OTHER, SAMPLED[0], 12)
     assert all(isinstance(g[0], Prefill) and isinstance(g[-1], Summary) for g in guests.values())
-    # Steps held two, then three sequences; while shared the host drafted nothing.
+    # Steps held two, then three sequences; at these costs (added positions nearly free) the host's
+    # copies are drafted in the shared steps too.
     assert {len(step) for step in target.steps} >= {2, 3}
     shared = [e for e in host if isinstance(e, Round)][2:5]
-    assert all(e.drafter == "none" and not e.rejected and e.shared >= 1 for e in shared)
+    assert all(e.shared >= 1 for e in shared)
+    assert any(e.drafted for e in host if isinstance(e, Round) and e.shared)
     assert engine.free_slots() == 3
     assert answer_tokens(list(engine.generate(OTHER, max_tokens=4))) == _solo(OTHER, GREEDY[0], 4)  # free again
 
@@ -323,7 +325,9 @@ def test_a_prompt_sharing_a_prefix_with_another_slot_copies_it_instead_of_evalua
     while engine.step_guests():
         pass
     assert isinstance(guest[0], Prefill) and guest[0].cached == 40 and guest[0].evaluated == 2
-    assert not [step for step in target.steps if any(n > 1 for _seq, _start, n in step)]  # no prompt chunk
+    guest_seq = target.steps[-1][0][0]  # (the host ended first: the last steps are the guest's)
+    assert not [n for step in target.steps for seq, start, n in step
+                if seq == guest_seq and start < len(second) - 1 and n > 1]  # no prompt chunk
     assert answer_tokens(guest) == _solo(second, GREEDY[0], 10)
 
 
@@ -340,9 +344,16 @@ def test_joining_prompts_are_evaluated_oldest_first_within_each_steps_budget():
             joined_at = len(target.steps)
     while engine.step_guests():
         pass
-    chunks = [[(seq, n) for seq, _start, n in step if n > 1] for step in target.steps[joined_at:]]
+    host_seq = next(seq for seq, start, _n in target.steps[joined_at] if start >= len(CHAT) - 1)
+    guests = [(seq, start, n) for step in target.steps[joined_at:] for seq, start, n in step if seq != host_seq]
+    older = guests[0][0]
+    newer = next(seq for seq, _start, _n in guests if seq != older)
+    prompt_len = {older: len(LONG), newer: len(other)}
+    # (the prompts' chunks, not the drafts of the answers that follow them)
+    chunks = [[(seq, n) for seq, start, n in step if seq != host_seq and start < prompt_len[seq] - 1 and n > 1]
+              for step in target.steps[joined_at:]]
     chunks = [c for c in chunks if c]
-    older, newer = chunks[0][0][0], None
+    newer = None
     for step in chunks:
         assert sum(n for _seq, n in step) <= LEAST_CHUNK  # the step's budget (the toy's costs: the least)
         newer = next((seq for seq, _n in step if seq != older), newer)
@@ -376,7 +387,8 @@ class _Scripted:
                 tokens = truth[at:at + min(drafter.lengths[key], room)]
                 if key in drafter.wrong and drafter.wrong[key] < len(tokens):
                     tokens[drafter.wrong[key]] ^= 1  # not the toy's greedy token there
-                return Offer(len(tokens), float("inf"), Draft(list(tokens), source="ngram")) if tokens else None
+                sure = [1.0] * len(tokens)  # (as its drafter would claim: the step verifies all of it)
+                return Offer(len(tokens), float("inf"), Draft(list(tokens), source="ngram"), sure) if tokens else None
 
         return Scripted()
 
@@ -388,14 +400,15 @@ class _Scripted:
 
 
 def test_drafts_of_different_lengths_in_one_step_are_each_settled_as_alone():
-    """A generation and a request that joined it draft in the same decode: one draft of 3 kept whole,
-    one of 5 rejected at its third token, in one step; each answer is its solo answer, each round's
-    verify rows are its own (the toy asserts no position is evaluated twice), and a cancelled guest
-    leaves at the next step with its slot free."""
+    """A generation and a request that joined it draft in the same decode: one draft of 1 kept whole,
+    one of 15 rejected at its seventh token, in one step (the step verifies each proposal up to one
+    length, 15 here: the long one's tokens pay for the pass it adds); each answer is its solo answer,
+    each round's verify rows are its own (the toy asserts no position is evaluated twice), and a
+    cancelled guest leaves at the next step with its slot free."""
     host_prompt, guest_prompt, third = [0, 20, 21, 22], [0, 30, 2, 3], [0, 12, 13, 14]
     truths = {p[1]: _solo(p, GREEDY[0], 60) for p in (host_prompt, guest_prompt, third)}
     engine, target = _host_engine()
-    engine.drafting.drafters = [_Scripted(truths, {20: 3, 30: 5, 12: 2}, {30: 2})]
+    engine.drafting.drafters = [_Scripted(truths, {20: 1, 30: 15, 12: 2}, {30: 6})]
     host, guest, cancelled, stop = [], [], [], threading.Event()
     for event in engine.generate(host_prompt, max_tokens=24):
         host.append(event)
@@ -411,24 +424,30 @@ def test_drafts_of_different_lengths_in_one_step_are_each_settled_as_alone():
     assert cancelled[-1].stop_reason == "cancelled" and answer_tokens(cancelled) == truths[12][:len(answer_tokens(cancelled))]
     shared_host = [e for e in host if isinstance(e, Round) and e.shared]
     shared_guest = [e for e in guest if isinstance(e, Round) and e.shared]
-    assert shared_host and all(len(e.accepted) == 3 and not e.rejected for e in shared_host)
-    assert shared_guest and all(len(e.accepted) == 2 and len(e.rejected) == 3 for e in shared_guest)
-    both = [step for step in target.steps if sorted(n for _seq, _start, n in step)[-2:] == [4, 6]]
-    assert both  # the host's 1 + 3 and the guest's 1 + 5 positions in one decode
+    assert shared_host and all(len(e.accepted) == 1 and not e.rejected for e in shared_host)
+    assert shared_guest and all(len(e.accepted) == 6 for e in shared_guest)
+    assert any(len(e.rejected) == 9 for e in shared_guest)  # (the last round ends inside its answer's budget)
+    both = [step for step in target.steps if sorted(n for _seq, _start, n in step)[-2:] == [2, 16]]
+    assert both  # the host's 1 + 1 and the guest's 1 + 15 positions in one decode
     assert engine.free_slots() == 3
 
 
-def test_a_draft_in_a_shared_step_is_priced_by_the_time_it_adds():
-    """On a CPU-like cost shape a step of four sequences leaves no room for a copy that pays alone; on
-    a GPU-like shape (added positions nearly free) the same copy is still drafted in the step."""
-    from localspec.engine.adaptive import best_length, beside
+def test_a_shared_step_verifies_one_length_of_every_proposal_where_that_pays():
+    """A part longer than the others adds a pass of its own (llama.cpp's micro-batches take as many
+    tokens from each sequence), where drafts of one length share one: on a CPU's cost shape a likely
+    copy beside three pending tokens does not pay (a nearly sure one of 15 does: 17 tokens for the
+    price of 15 positions more), while four likely copies drafted to one length do; shorter proposals
+    are verified whole within that length."""
+    from localspec.engine.adaptive import best_length, shared_lengths, step_cost
 
     cpu = CostModel({1: 1.0, 2: 1.68, 3: 2.26, 4: 3.18, 8: 8.05, 12: 8.77, 16: 8.77})  # a 2-core AVX2 CPU (#24)
-    gpu = CostModel({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.01, 8: 1.02, 12: 1.04, 16: 1.05})
-    likely = [0.8] * 15
-    assert best_length(likely, cpu, 0.0)[0] > 0                 # alone, a likely copy pays
-    assert best_length(likely, beside(cpu, 3), 0.0)[0] == 0     # beside three others' tokens, not
-    assert best_length([0.95] * 15, beside(cpu, 3), 0.0)[0] > 0  # a nearly sure one still does
-    assert best_length(likely, beside(gpu, 3), 0.0)[0] >= 4
-    assert beside(cpu, 0) is cpu
-    assert beside(cpu, 3).verify(1) == pytest.approx(cpu.verify(4) - cpu.verify(3))
+    assert step_cost(cpu, [1, 1, 16]) == pytest.approx(cpu.verify(3) + cpu.verify(15))
+    assert step_cost(cpu, [4, 4, 4, 4]) == pytest.approx(cpu.verify(16))
+    likely, sure = [0.8] * 15, [0.99] * 15
+    assert best_length(likely, cpu, 0.0)[0] > 0                  # alone, a likely copy pays
+    assert shared_lengths(cpu, [likely, [], [], []]) == [0, 0, 0, 0]  # beside three pending tokens, not
+    assert shared_lengths(cpu, [sure, [], [], []]) == [15, 0, 0, 0]
+    assert shared_lengths(cpu, [likely] * 4) == [3, 3, 3, 3]     # 4 x 4 positions: one pass of 16
+    assert shared_lengths(cpu, [likely, likely, likely, likely[:2]]) == [0, 0, 0, 0]  # 4 x 4 + a pass of 3 x 1
+    assert shared_lengths(cpu, [likely, likely, likely, likely[:3]]) == [3, 3, 3, 3]
+    assert shared_lengths(cpu, [likely] * 4, room=8) == [0, 0, 0, 0]  # not within the batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 @dataclass
 class CostModel:
@@ -74,20 +74,52 @@ class CostModel:
         return 1.0 / self.verify(1)
 
 
-def beside(cost: CostModel, rows: int) -> CostModel:
-    """What positions cost when added to a decode that holds `rows` positions of other requests already:
-    n positions cost verify(rows + n) - verify(rows), the time they add to the shared step. So a draft
-    pays where its tokens per added second beat its pending token's alone: on a CPU, where a step of
-    several sequences is compute-bound, drafts shrink to the nearly sure; on a GPU, where added
-    positions cost almost nothing, they stay. Sizes whose total the calibration measured are the ones
-    offered (best_length chooses only those), one position always. A step of several sequences costs
-    about what one sequence of as many positions costs (scripts/batch_shape_costs.py)."""
-    if rows <= 0:
-        return cost
-    held = cost.verify(rows)
-    least = 1e-3 * cost.verify(1)  # a flat table's added positions are not free: no division by zero
-    sizes = {1, *(n - rows for n in cost.verify_s if n > rows)}
-    return CostModel({n: max(cost.verify(rows + n) - held, least) for n in sorted(sizes)})
+def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
+    """Seconds of one decode holding parts of these lengths, one per sequence. Each sequence has KV cells
+    of its own, and llama.cpp then splits a batch into micro-batches taking as many tokens from every
+    sequence in them: each distinct length adds a pass over the sequences that reach it (1 + 1 + 16 is
+    verify(3) for 3 x 1, then verify(15)); a pass over s sequences x p positions costs about what one
+    sequence of s * p does. Measured: scripts/batch_shape_costs.py."""
+    parts = sorted(n for n in lengths if n > 0)
+    total, done = 0.0, 0
+    for i, n in enumerate(parts):
+        if n > done:
+            total += cost.verify((len(parts) - i) * (n - done))
+            done = n
+    return total
+
+
+# A shared step drafts only where its expected rate beats plain decoding's by this much: several
+# sequences' plain step is already cheap per token, and the copies' chances are estimates (at 5%, one
+# trial's shared drafts kept 34% of their tokens and four edits at once ran 0.96-1.10x of no drafts;
+# at 15%, 1.00-1.07x: scripts/shared_drafts.py, docs/performance.md).
+SHARED_MARGIN = 0.15
+
+
+def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: Sequence[int] = (),
+                   room: int = 1 << 30, margin: float = SHARED_MARGIN) -> list[int]:
+    """How many tokens of each sequence's proposal one shared decode verifies, beside one pending token
+    each and the prompts' `chunks`: drafts of one length share a pass (`step_cost`), so the step
+    chooses one length L for every proposal (each capped by its own length), the one whose expected
+    tokens per second of the whole step beat plain decoding's by `margin` the most, then drops the
+    proposals that lower it. `chances`: each sequence's proposal (empty: nothing to draft). At most
+    `room` draft tokens in all."""
+    def rate(ks: list[int]) -> float:
+        if sum(ks) > room:
+            return 0.0
+        tokens = sum(expected_tokens(list(c[:k])) for c, k in zip(chances, ks))
+        return tokens / step_cost(cost, [1 + k for k in ks] + list(chunks))
+
+    plain = [0] * len(chances)
+    best, best_rate = plain, rate(plain) * (1 + margin)
+    for length in sorted({n - 1 for n in cost.verify_s if n > 1}):
+        ks = [min(length, len(c)) for c in chances]
+        if ks != best and rate(ks) > best_rate:
+            best, best_rate = ks, rate(ks)
+    for i, k in enumerate(best):
+        if k and rate(fewer := [*best[:i], 0, *best[i + 1:]]) > best_rate:
+            best, best_rate = fewer, rate(fewer)
+    return best
 
 
 @dataclass
@@ -218,6 +250,8 @@ class CopyAcceptance:
 
 
 def expected_tokens(rates: list[float]) -> float:
+    """Tokens a round yields drafting tokens kept with these conditional chances: the accepted run plus
+    the target's own token."""
     total, run = 1.0, 1.0
     for a in rates:
         run *= a

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from localspec.engine.answer import Answer
-from localspec.engine.adaptive import beside
+from localspec.engine.adaptive import shared_lengths
+from localspec.engine.drafters import Draft
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import Planner, Proposal, Step, propose, settle
+from localspec.engine.speculative import Planner, Proposal, Step, settle, within_grammar
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -163,22 +164,35 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
     return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
 
 
-def _drafts(lanes: list[Lane], rows: int) -> dict[int, Proposal]:
-    """Each decoding lane's draft for a step already holding `rows` positions (every lane's pending
-    token and the prompts' chunks), priced by the time its positions add to the step (`beside`), each
-    lane's beside what the lanes before it added; within the batch and the logits rows one decode takes."""
-    proposals: dict[int, Proposal] = {}
-    outputs = len(lanes)
+def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
+    """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
+    `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
+    length of all of them, the one that pays most for the whole step (`adaptive.shared_lengths`:
+    drafts of one length share a pass, a longer one adds its own); within the batch and the logits
+    rows one decode takes. A forced length (`fixed_len`) is drafted as offered."""
+    offered: dict[int, tuple[Draft, list[float]]] = {}
+    cost = None
     for i, lane in enumerate(lanes):
-        planner = lane.planner
-        if planner is None:
+        if lane.planner is None:
             continue
-        room = min(lane.kv.room() - 1, lane.kv.model.n_batch - rows, MAX_STEP_OUTPUTS - outputs)
-        proposal = propose(lane.context, room, planner, lane.sampler, lane.request.constraint,
-                           cost=beside(planner.cost, rows - 1), lookups_only=True)
-        proposals[i] = proposal
-        rows += len(proposal.draft.tokens)
-        outputs += len(proposal.draft.tokens)
+        cost = lane.planner.cost
+        draft, chances = lane.planner.shared_offer(lane.context, lane.kv.room() - 1, lane.request.constraint)
+        if draft.tokens:
+            offered[i] = (draft, chances)
+    if cost is None or not offered:
+        return {}
+    room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes))
+    forced = sum(len(d.tokens) for d, chances in offered.values() if not chances)
+    lengths = shared_lengths(cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))], chunks,
+                             room - forced)
+    proposals: dict[int, Proposal] = {}
+    for i, (draft, chances) in offered.items():
+        if chances:
+            draft.tokens = draft.tokens[:lengths[i]]
+        lane = lanes[i]
+        constraint = lane.request.constraint
+        proposals[i] = (Proposal(draft, [None] * (len(draft.tokens) + 1)) if constraint is None
+                        else Proposal(*within_grammar(draft, constraint)))
     return proposals
 
 
@@ -206,7 +220,7 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
             budget -= n
     if not together:
         return [], None, 0.0
-    proposals = _drafts(together[:pending], pending + sum(chunks.values()))
+    proposals = _drafts(together[:pending], list(chunks.values()))
     steps, seconds, tokens = step_together(together, chunks, proposals)
     shares = [seconds * n / sum(tokens) for n in tokens]
     host_step = steps.pop(0) if host is not None else None

@@ -17,7 +17,7 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from localspec.engine.adaptive import CostModel
+from localspec.engine.adaptive import CostModel, expected_tokens
 from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
@@ -298,6 +298,28 @@ class Planner:
             return offer.draft
         probing.since_tried[name] = 0
         return turn.draft(context, offer.length, sampler)
+
+    def shared_offer(self, context: list[int], room: int, grammar: Constraint | None = None) -> tuple[Draft, list[float]]:
+        """For a step shared with other requests: the lookup proposal with the most expected tokens and
+        the chance each of its tokens is kept, for the step to choose how much of every request's
+        proposal to verify (drafts of one length share a pass: adaptive.shared_lengths). A forced length
+        (`fixed_len`) comes back cut to it, with no chances. Nothing from the draft model (its
+        sequence waits for the request to decode alone), and no probes."""
+        if room <= 0 or self.mode == "none":
+            return Draft.empty(), []
+        plan = dataclasses.replace(self.plan, grammar=grammar)
+        offers = [o for _n, t in self.active if (o := t.offer(context, room, plan)) is not None
+                  and o.draft is not None and o.draft.tokens]
+        if not offers:
+            return Draft.empty(), []
+        if self.fixed_len is not None:
+            forced = max(offers, key=lambda o: o.rate)
+            assert forced.draft is not None
+            return dataclasses.replace(forced.draft, tokens=forced.draft.tokens[:forced.length]), []
+        best = max(offers, key=lambda o: expected_tokens(o.chances))
+        assert best.draft is not None
+        chances = best.chances[:len(best.draft.tokens)]
+        return dataclasses.replace(best.draft, tokens=best.draft.tokens[:len(chances)]), chances
 
     def _plain_probe(self, context_len: int, offer: Offer) -> bool:
         """Whether to decode this round plainly, to measure plain decoding at this context length."""

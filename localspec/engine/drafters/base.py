@@ -14,7 +14,7 @@ turn sees its answer (`Turn.end`), drafted or not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -67,6 +67,8 @@ class Offer:
     length: int                 # tokens to draft; 0: this drafter would not draft this round
     rate: float                 # expected tokens per second of the round, drafting included
     draft: Draft | None = None  # a lookup's proposal, made already; None: `Drafter.draft` makes it
+    chances: list[float] = field(default_factory=list)  # a lookup's: each proposed token kept, given the one
+                                                         # before (what it was priced with), for any length
 
 
 class Turn:

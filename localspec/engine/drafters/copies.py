@@ -52,22 +52,22 @@ class CopyTurn(Turn):
             if plan.fixed_len is not None:
                 offers.append(Offer(len(proposal.tokens), float("inf"), proposal))
             else:
-                offers.append(Offer(*self._price(proposal, plan), proposal))
+                offers.append(self._price(proposal, plan))
         openings = self.drafter.openings
         if openings is not None and plan.fixed_len is None:
             opening, rates = openings.propose(context, cap, self.conversation, self.prompt_len)
             if opening.tokens:
-                offers.append(Offer(*best_length(rates, plan.cost, 0.0), opening))
+                offers.append(Offer(*best_length(rates, plan.cost, 0.0), opening, rates))
         return max(offers, key=lambda o: (o.length > 0, o.rate)) if offers else None
 
-    def _price(self, proposal: Draft, plan: Plan) -> tuple[int, float]:
+    def _price(self, proposal: Draft, plan: Plan) -> Offer:
         """Each position priced by what copies of its age did: a young copy's first tokens carry its
         low rates into every length, so it is drafted long only where long batches cost little more
         than short ones and young copies have been holding (adaptive.COPY_PRIOR_STRENGTHS)."""
         copy = copy_of(proposal)
         copies = self.acceptance[copy.from_prompt]
         rates = copies.rates(copy.age, len(proposal.tokens))
-        return best_length(rates, plan.cost, 0.0, margin_for(copies.samples(copy.age)))
+        return Offer(*best_length(rates, plan.cost, 0.0, margin_for(copies.samples(copy.age))), proposal, rates)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         copy = copy_of(draft)

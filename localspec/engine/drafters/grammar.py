@@ -102,9 +102,9 @@ class GrammarDrafter(Drafter):
         if plan.fixed_len is not None:
             return Offer(len(tokens), float("inf"), draft)
         # The prior is a measurement (above), so it counts as samples: a forced draft is not a guess.
-        length, rate = best_length(self.acceptance.rates(len(tokens)), plan.cost, 0.0,
-                                   margin_for(self.acceptance.samples + PRIOR_STRENGTH))
-        return Offer(length, rate, draft)
+        chances = self.acceptance.rates(len(tokens))
+        length, rate = best_length(chances, plan.cost, 0.0, margin_for(self.acceptance.samples + PRIOR_STRENGTH))
+        return Offer(length, rate, draft, chances)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)

@@ -157,7 +157,7 @@ class HistoryTurn(Turn):
         longest = min(len(tokens), max(drafter.min_len, 2 * age))
         rates = [r * c for r, c in zip(self.acceptance.rates(age, longest), chances)]
         k, rate = best_length(rates, plan.cost, 0.0, margin_for(self.acceptance.samples(age)))
-        return Offer(k, rate, draft)
+        return Offer(k, rate, draft, rates)
 
     def _replay_offer(self, context: Sequence[int], cap: int, plan: Plan) -> Offer | None:
         """The rest of the recorded answer to this context, while the answer so far is that answer."""
@@ -174,8 +174,9 @@ class HistoryTurn(Turn):
         draft = Draft(tokens=tokens, source=self.drafter.name, exact=True, evidence=done, note=Copy(age=done))
         if plan.fixed_len is not None:
             return Offer(len(tokens), float("inf"), draft)
-        k, rate = best_length([REPLAY_CHANCE] * len(tokens), plan.cost, 0.0)
-        return Offer(k, rate, draft)
+        chances = [REPLAY_CHANCE] * len(tokens)
+        k, rate = best_length(chances, plan.cost, 0.0)
+        return Offer(k, rate, draft, chances)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         if draft.exact:  # a replay kept short of its end has parted from the recorded answer
