@@ -446,10 +446,12 @@ def test_a_shared_step_verifies_one_length_of_every_proposal_where_that_pays():
     assert step_cost(cpu, [4, 4, 4, 4]) == pytest.approx(cpu.verify(16))
     likely, sure = [0.8] * 15, [0.99] * 15
     assert best_length(likely, cpu, 0.0)[0] > 0                  # alone, a likely copy pays
-    assert shared_lengths(cpu, [likely, [], [], []]) == [0, 0, 0, 0]  # beside three pending tokens, not
-    assert shared_lengths(cpu, [sure, [], [], []]) == [15, 0, 0, 0]
-    assert shared_lengths(cpu, [likely] * 4) == [0, 0, 0, 0]     # 7% better than plain: within the margin
-    assert shared_lengths(cpu, [sure] * 4) == [3, 3, 3, 3]       # 4 x 4 positions: one pass of 16
-    assert shared_lengths(cpu, [sure, sure, sure, sure[:2]]) == [15, 15, 15, 0]  # the short one left out
-    assert shared_lengths(cpu, [sure, sure, sure, sure[:3]]) == [3, 3, 3, 3]
-    assert shared_lengths(cpu, [sure] * 4, room=8) == [0, 0, 0, 0]  # not within the batch
+    assert shared_lengths(cpu, [likely, [], [], []], margin=0.15) == [0, 0, 0, 0]  # beside three pending tokens, not
+    assert shared_lengths(cpu, [sure, [], [], []], margin=0.15) == [15, 0, 0, 0]
+    assert shared_lengths(cpu, [likely] * 4, margin=0.15) == [0, 0, 0, 0]     # 7% better than plain: within the margin
+    assert shared_lengths(cpu, [sure] * 4, margin=0.15) == [3, 3, 3, 3]  # 4 x 4 positions: one pass of 16
+    assert shared_lengths(cpu, [sure, sure, sure, sure[:2]], margin=0.15) == [15, 15, 15, 0]  # the short one left out
+    assert shared_lengths(cpu, [sure, sure, sure, sure[:3]], margin=0.15) == [3, 3, 3, 3]
+    assert shared_lengths(cpu, [sure] * 4, room=8, margin=0.15) == [0, 0, 0, 0]  # not within the batch
+    assert shared_lengths(cpu, [sure] * 4) == [3, 3, 3, 3]  # (43% better: at the default margin too)
+    assert shared_lengths(cpu, [sure, [], [], []]) == [0, 0, 0, 0]  # (13%: not at the default)

@@ -15,14 +15,16 @@ freezing them for all its evaluation. A prompt's last token is evaluated as its 
 token, as alone (the first round evaluates it).
 
 A request with a planner (a generation and the requests that joined it, not the completions of one
-prompt, which draw as single requests with their seeds would) drafts in the shared steps too: its
-lookups' proposals (a copy, the history, what its grammar forces; the draft model has one sequence,
-so it waits until the request decodes alone), each priced by the time its positions add to the step
-(`adaptive.beside`). On a CPU a step of n sequences already costs about what n - 1 draft tokens
-would (calibration: 3 positions ~2x one on a 2-core AVX2 CPU), so there drafts shrink to the copies
-that are nearly sure; on a GPU the marginal positions cost little. A generation that others joined
-drafts as alone again once it is, and so does the last guest left after it ended (`Guests.step`'s
-`alone`: speculative rounds on its own sequence, the draft model included).
+prompt, which draw as single requests with their seeds would) drafts in the shared steps too: each
+offers its lookups' best proposal (a copy, the history, what its grammar forces; the draft model has
+a sequence per request but drafts only when its request decodes alone), and the step verifies one
+length of all of them (`adaptive.shared_lengths`): with a KV cache per sequence llama.cpp takes as
+many tokens from every sequence in a micro-batch, so drafts of one length share a pass and a longer
+one adds its own (`adaptive.step_cost`, scripts/batch_shape_costs.py). On a CPU a step of several
+sequences is already cheap per token, so drafts there are the nearly sure copies; where added
+positions cost little (a GPU) they are most of the point. A generation that others joined drafts as
+alone again once it is, and so does the last guest left after it ended (`Guests.step`'s `alone`:
+speculative rounds on its own sequence, the draft model included).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import Planner, Proposal, Step, settle, within_grammar
+from localspec.engine.speculative import Planner, Proposal, Step, proposal_of, settle
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -189,10 +191,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
     for i, (draft, chances) in offered.items():
         if chances:
             draft.tokens = draft.tokens[:lengths[i]]
-        lane = lanes[i]
-        constraint = lane.request.constraint
-        proposals[i] = (Proposal(draft, [None] * (len(draft.tokens) + 1)) if constraint is None
-                        else Proposal(*within_grammar(draft, constraint)))
+        proposals[i] = proposal_of(draft, lanes[i].request.constraint)
     return proposals
 
 

@@ -100,11 +100,15 @@ class Proposal:
                 row.close()
 
 
-def propose(context: list[int], room: int, planner: "Planner", sampler: Sampler, constraint: Constraint | None = None,
-            cost: CostModel | None = None, lookups_only: bool = False) -> Proposal:
-    """The planner's draft after `context` (at most `room` tokens; priced at `cost` when given, say a
-    batch's marginal costs), within the grammar."""
-    draft = planner.draft(context, room, sampler, constraint, cost=cost, lookups_only=lookups_only)
+def propose(context: list[int], room: int, planner: "Planner", sampler: Sampler,
+            constraint: Constraint | None = None) -> Proposal:
+    """The planner's draft after `context` (at most `room` tokens), within the grammar."""
+    draft = planner.draft(context, room, sampler, constraint)
+    return proposal_of(draft, constraint)
+
+
+def proposal_of(draft: Draft, constraint: Constraint | None = None) -> Proposal:
+    """A draft as it will be verified: cut before the first token the grammar forbids."""
     if constraint is None:
         return Proposal(draft, [None] * (len(draft.tokens) + 1))
     return Proposal(*within_grammar(draft, constraint))
@@ -267,29 +271,24 @@ class Planner:
         for _name, turn in self.active:
             turn.prefill(context, plan)
 
-    def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None, *,
-              cost: CostModel | None = None, lookups_only: bool = False) -> Draft:
+    def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
         """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
-        state after `context`, for drafters that read it. `cost`: what the verify positions cost this
-        round, when not the target's own costs (a step shared with other requests prices the positions
-        this draft adds to it, `adaptive.beside`); `lookups_only`: only proposals made with their offer
-        (a shared step has no draft model sequence of this request's, nor time for a probe)."""
+        state after `context`, for drafters that read it."""
         if room <= 0 or self.mode == "none":
             return Draft.empty()
-        plan = dataclasses.replace(self.plan, grammar=grammar, cost=cost or self.cost)
+        plan = dataclasses.replace(self.plan, grammar=grammar)
         probing = self.drafting.probing
-        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None
-                  and not (lookups_only and o.draft is None)]
+        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
         for key in probing.since_tried:
             probing.since_tried[key] += 1
         viable = [(n, t, o) for n, t, o in offers if o.length > 0]
         if viable:
             name, turn, offer = max(viable, key=lambda choice: choice[2].rate)
             probing.wait = probing.every
-            if not lookups_only and self._plain_probe(len(context), offer):
+            if self._plain_probe(len(context), offer):
                 return Draft.empty()
         else:
-            probe = None if lookups_only else self._probe(context, plan)
+            probe = self._probe(context, plan)
             if probe is None:
                 return Draft.empty()
             name, turn, offer = probe
