@@ -455,3 +455,24 @@ def test_a_shared_step_verifies_one_length_of_every_proposal_where_that_pays():
     assert shared_lengths(cpu, [sure] * 4, room=8, margin=0.15) == [0, 0, 0, 0]  # not within the batch
     assert shared_lengths(cpu, [sure] * 4) == [3, 3, 3, 3]  # (43% better: at the default margin too)
     assert shared_lengths(cpu, [sure, [], [], []]) == [0, 0, 0, 0]  # (13%: not at the default)
+
+
+def test_a_long_replay_beside_a_joining_prompt_stays_within_the_logits_one_decode_returns():
+    """A regenerated answer proposes its whole recorded rest (63 tokens, nearly sure) while a long
+    prompt joins in chunks: the step's logits rows (a row per pending or drafted token, one per chunk)
+    stay within what one llama.cpp decode returns (64; the toy asserts it), and both answers are exact."""
+    target = ToyModel(seed=3, n_seq=3)
+    cost = CostModel({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4, 32: 1.5, 64: 1.6})
+    engine = Engine(target, None, EngineOptions(drafter="auto", learn_costs=False), cost=cost)
+    prompt = [0, 20, 21, 22]
+    truth = _solo(prompt, GREEDY[0], 240)
+    engine.drafting.drafters = [_Scripted({20: truth, LONG[1]: []}, {20: 63, LONG[1]: 0}, {})]
+    host, guest = [], []
+    for event in engine.generate(prompt, max_tokens=240):
+        host.append(event)
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(LONG, guest.append, max_tokens=6)
+    while engine.step_guests():
+        pass
+    assert answer_tokens(host) == truth and answer_tokens(guest) == _solo(LONG, GREEDY[0], 6)
+    assert any(e.shared and e.drafted >= 32 for e in host if isinstance(e, Round))  # long drafts beside chunks

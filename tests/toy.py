@@ -157,6 +157,7 @@ class ToyModel:
     def decode_many(self, parts) -> list[np.ndarray]:
         """One call for several sequences (llama.cpp's batch of several seq ids); `steps` records each
         call's (seq, start, n) parts, so tests see which positions were evaluated together."""
+        assert sum(outputs for *_rest, outputs in parts) <= 64, "more logits rows than llama.cpp's context gives"
         self.steps.append([(seq, start, len(tokens)) for seq, tokens, start, _outputs in parts])
         return [self.decode(list(tokens), start, list(range(len(tokens) - outputs, len(tokens))), seq=seq)
                 for seq, tokens, start, outputs in parts]

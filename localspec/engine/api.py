@@ -397,10 +397,9 @@ class Engine:
         """KV slots no request is generating on."""
         return len(self.slots.free())
 
-    def _planner(self, request: Request, drafting: Drafting | None = None, budget: int | None = None) -> Planner:
+    def _planner(self, request: Request, drafting: Drafting | None = None) -> Planner:
         """The request's own planner, from the engine's drafting (or the interjections')."""
-        return (drafting or self.drafting).planner(request.prompt, request.mode, request.fixed,
-                                                   request.max_tokens if budget is None else budget,
+        return (drafting or self.drafting).planner(request.prompt, request.mode, request.fixed, request.max_tokens,
                                                    request.sampling.replayable)
 
     def planner_for(self, mode: str, fixed: int | None, budget: int = 512, replayable: bool = False,

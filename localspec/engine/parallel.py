@@ -183,7 +183,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
             offered[i] = (draft, chances)
     if cost is None or not offered:
         return {}
-    room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes))
+    room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes) - len(chunks))
     forced = sum(len(d.tokens) for d, chances in offered.values() if not chances)
     lengths = shared_lengths(cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))], chunks,
                              room - forced)

@@ -338,8 +338,10 @@ class Model(_Metadata):
         tokens in all (a step of several requests, not a prompt)."""
         n = sum(len(tokens) for _seq, tokens, _start, _outputs in parts)
         wanted = sum(outputs for *_rest, outputs in parts)
-        if n > self.n_batch or wanted > (self.options.n_outputs_max or self.n_batch):
+        if n > self.n_batch:
             raise LocalspecError(f"At most {self.n_batch} tokens in one step of several sequences; {n} asked.")
+        if wanted > (limit := self.options.n_outputs_max or self.n_batch):
+            raise LocalspecError(f"At most {limit} logits rows in one step of several sequences; {wanted} asked.")
         batch = self._batch
         assert batch is not None, "decode after close()"
         j, outputs = 0, []
