@@ -268,9 +268,10 @@ def test_a_chat_that_arrives_while_another_streams_joins_it_and_finishes_first(b
 def test_a_long_prompt_that_joins_does_not_freeze_the_stream_it_joins(batch_server):
     """A chat with a long prompt joins a streaming chat: its prompt is evaluated in chunks within the
     shared steps, so the first chat's stream goes on while it is evaluated (evaluated at once, it would
-    stand still until the joining chat's first token)."""
+    stand still until the joining chat's first token). The story decodes plainly: an earlier test asked
+    it, and its replay drafted in the shared steps would end it before the joining chat's answer."""
     story = {"messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper."}],
-             "max_tokens": 400, "temperature": 0}
+             "max_tokens": 400, "temperature": 0, "drafter": "none"}
     code = "".join(f"def helper_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))  # ~700 tokens
     long = {"messages": [{"role": "user", "content": code + "Which helper returns 42 for x = 6?"}],
             "max_tokens": 4, "temperature": 0, "stream": True}
