@@ -208,9 +208,6 @@ class Drafting:
     plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
     probing: Probing = field(default_factory=Probing)
 
-    def drafter(self, name: str) -> Drafter | None:
-        return next((d for d in self.drafters if d.name == name), None)
-
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
                 replayable: bool = False) -> "Planner":
         """A request's planner: its plan, frozen now, and a turn of every drafter (Drafter.begin)."""
@@ -276,7 +273,7 @@ class Planner:
         state after `context`, for drafters that read it."""
         if room <= 0 or self.mode == "none":
             return Draft.empty()
-        plan = dataclasses.replace(self.plan, grammar=grammar)
+        plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
         probing = self.drafting.probing
         offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
         for key in probing.since_tried:
@@ -306,7 +303,7 @@ class Planner:
         sequence waits for the request to decode alone), and no probes."""
         if room <= 0 or self.mode == "none":
             return Draft.empty(), []
-        plan = dataclasses.replace(self.plan, grammar=grammar)
+        plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
         offers = [o for _n, t in self.active if (o := t.offer(context, room, plan)) is not None
                   and o.draft is not None and o.draft.tokens]
         if not offers:
