@@ -1,9 +1,9 @@
 """The "model" and "self" drafters: a smaller GGUF with the target's vocabulary (or the target's own
 first layers), drafting token by token in its own KV cache, priced by its acceptance by position.
 
-The draft model has a KV sequence per target slot: each request drafts in its own (the free one
-holding most of its prompt), so requests that alternate (two chats, a chat and an editor) each find
-their conversation still there instead of evaluating it again."""
+The draft model has a KV sequence per target slot: each request drafts in its own (the free one its
+prompt continues), so requests that alternate (two chats, a chat and an editor) each find their
+conversation still there instead of evaluating it again."""
 
 from __future__ import annotations
 
@@ -58,11 +58,6 @@ class ModelDrafter(Drafter):
         return cls(model, p_min=sources.p_min, name=name, per_token_s=per_token,
                    prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs,
                    prefill_s=prefill / cls.prefill_batch if prefill else None)
-
-    @property
-    def kv(self) -> KvSequence:
-        """The first sequence (the only one of a draft model loaded for one slot)."""
-        return self.sequences[0]
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "ModelTurn":
         # What earlier requests taught is kept as a prior at reduced weight, so this request's own
