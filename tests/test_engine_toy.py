@@ -765,3 +765,14 @@ def test_each_request_drafts_in_its_own_draft_model_sequence():
     shared, _ = third_request_cost(draft_seqs=1)
     assert shared >= length                  # the whole conversation evaluated again
     assert own <= shared - length + 4        # only what is new since its last request (and its drafts)
+
+
+def test_only_a_request_that_drafted_with_the_draft_model_changes_its_record():
+    """Requests decoded beside a chat that never draft with the draft model (they share steps, or copy
+    instead) must not overwrite what the requests that did draft learnt about it."""
+    engine = _engine(drafter="model", noise=0.0, draft_cost=0.001)
+    record = engine.drafter("model").acceptance
+    list(engine.generate([0, 5, 9, 11], max_tokens=10, drafter="ngram"))
+    assert engine.drafter("model").acceptance is record
+    list(engine.generate([0, 5, 9, 11], max_tokens=10))  # a perfect, cheap draft model: it drafts
+    assert engine.drafter("model").acceptance is not record

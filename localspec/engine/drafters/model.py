@@ -102,6 +102,7 @@ class ModelTurn(Turn):
         self.kv = kv
         self.acceptance = acceptance
         self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
+        self.drafted = False  # whether this request drafted with it (its record then is the drafter's)
 
     # ------------------------------------------------------------------ pricing
 
@@ -168,9 +169,11 @@ class ModelTurn(Turn):
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
         self.drafter.observe_cost(draft)
+        self.drafted = True
 
     def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
-        self.drafter.acceptance = self.acceptance
+        if self.drafted:  # a request that never drafted with it leaves the record as it found it
+            self.drafter.acceptance = self.acceptance
         self.kv.busy = False  # (its tokens stay: this conversation's next request finds them)
 
     # ------------------------------------------------------------------ drafting
