@@ -93,7 +93,9 @@ def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
 # sequences' plain step is already cheap per token, and the copies' chances are estimates (shared
 # drafts kept 34-69% of their tokens). Four edits at once, drafts vs none (scripts/shared_drafts.py,
 # 2-core EPYC): at 15%, 1.00-1.07x on the AVX-512 build but 0.90-0.97x on the AVX2 build; at 30%,
-# 0.95-1.06x and 0.92-0.97x, where the AVX2 build without shared drafts ran 0.91-1.05x (docs/performance.md).
+# 0.95-1.06x and 0.92-0.97x, where the AVX2 build without shared drafts ran 0.91-1.05x; at 30%, after
+# requests that never drafted with the draft model stopped resetting its record: AVX2 0.90-1.09x (median
+# 1.03; docs/performance.md).
 SHARED_MARGIN = 0.3
 
 
