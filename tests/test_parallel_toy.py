@@ -476,3 +476,25 @@ def test_a_long_replay_beside_a_joining_prompt_stays_within_the_logits_one_decod
         pass
     assert answer_tokens(host) == truth and answer_tokens(guest) == _solo(LONG, GREEDY[0], 6)
     assert any(e.shared and e.drafted >= 32 for e in host if isinstance(e, Round))  # long drafts beside chunks
+
+
+def test_forced_draft_lengths_in_a_shared_step_stay_within_one_decodes_logits():
+    """Four requests at a forced length of 32 (the server takes `draft_len` up to 32) in one step ask
+    more logits rows than a decode returns: the later ones are cut to what is left (the toy asserts
+    the limit); every answer is its solo answer."""
+    target = ToyModel(seed=3, n_seq=4)
+    engine = Engine(target, None, EngineOptions(drafter="ngram", draft_len=32, learn_costs=False),
+                    cost=CostModel(dict(COST)))
+    prompts = [[0, 20, 21, 22], [0, 30, 2, 3], [0, 12, 13, 14], [0, 5, 9, 11]]
+    truths = {p[1]: _solo(p, GREEDY[0], 80) for p in prompts}
+    engine.drafting.drafters = [_Scripted(truths, {p[1]: 32 for p in prompts}, {})]  # (a fixed length: forced)
+    answers = [[] for _ in prompts]
+    for event in engine.generate(prompts[0], max_tokens=80):
+        answers[0].append(event)
+        if isinstance(event, Round) and event.index == 0:
+            for events, prompt in zip(answers[1:], prompts[1:]):
+                engine.join(prompt, events.append, max_tokens=80)
+    while engine.step_guests():
+        pass
+    assert [answer_tokens(a) for a in answers] == [truths[p[1]] for p in prompts]
+    assert any(sum(n for _seq, _start, n in step) > 64 - 4 for step in target.steps if len(step) == 4)

@@ -173,20 +173,22 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
     drafts of one length share a pass, a longer one adds its own); within the batch and the logits
     rows one decode takes. A forced length (`fixed_len`) is drafted as offered."""
     offered: dict[int, tuple[Draft, list[float]]] = {}
-    cost = None
     for i, lane in enumerate(lanes):
-        if lane.planner is None:
-            continue
-        cost = lane.planner.cost
-        draft, chances = lane.planner.shared_offer(lane.context, lane.kv.room() - 1, lane.request.constraint)
-        if draft.tokens:
-            offered[i] = (draft, chances)
-    if cost is None or not offered:
+        if lane.planner is not None:
+            draft, chances = lane.planner.shared_offer(lane.context, lane.kv.room() - 1, lane.request.constraint)
+            if draft.tokens:
+                offered[i] = (draft, chances)
+    if not offered:
         return {}
     room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes) - len(chunks))
-    forced = sum(len(d.tokens) for d, chances in offered.values() if not chances)
-    lengths = shared_lengths(cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))], chunks,
-                             room - forced)
+    for draft, chances in offered.values():
+        if not chances:  # a forced length: as offered, within what is left of the room
+            draft.tokens = draft.tokens[:max(room, 0)]
+            room -= len(draft.tokens)
+    planner = lanes[next(iter(offered))].planner
+    assert planner is not None
+    lengths = shared_lengths(planner.cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))],
+                             chunks, room)
     proposals: dict[int, Proposal] = {}
     for i, (draft, chances) in offered.items():
         if chances:
