@@ -117,11 +117,11 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
     best, best_rate = plain, rate(plain) * (1 + margin)
     for length in sorted({n - 1 for n in cost.verify_s if n > 1}):
         ks = [min(length, len(c)) for c in chances]
-        if ks != best and rate(ks) > best_rate:
-            best, best_rate = ks, rate(ks)
+        if ks != best and (r := rate(ks)) > best_rate:
+            best, best_rate = ks, r
     for i, k in enumerate(best):
-        if k and rate(fewer := [*best[:i], 0, *best[i + 1:]]) > best_rate:
-            best, best_rate = fewer, rate(fewer)
+        if k and (r := rate(fewer := [*best[:i], 0, *best[i + 1:]])) > best_rate:
+            best, best_rate = fewer, r
     return best
 
 
