@@ -26,6 +26,22 @@ from localspec.engine.events import Round  # noqa: E402
 from localspec.loader import load  # noqa: E402
 
 
+def count_promises(engine) -> list[float]:
+    """[tokens promised, kept] by the shared steps' drafts from now on (the engine's Promises, counted
+    without decay)."""
+    totals = [0.0, 0.0]
+    promises = engine.drafting.promises
+    observe = promises.observe
+
+    def counted(promised: float, kept: int) -> None:
+        totals[0] += promised
+        totals[1] += kept
+        observe(promised, kept)
+
+    promises.observe = counted
+    return totals
+
+
 def together(engine, prompts: list[str], mode: str, tokens: int) -> tuple[float, int, int]:
     """Aggregate tokens/s of the prompts decoded together, and the draft tokens shared steps drafted and kept."""
     contexts = [engine.chat_tokens([{"role": "user", "content": p}]) for p in prompts]
@@ -57,14 +73,16 @@ def main() -> None:
     questions = EDITS if args.questions == "edit" else QUESTIONS
     engine = load(args.entry, slots=args.requests, n_ctx=4096 * args.requests, history="off")
     rates: dict[str, list[float]] = {"auto": [], "none": []}
+    promises = count_promises(engine)
     for trial in range(args.trials):
         prompts = [questions[(trial + i) % len(questions)] for i in range(args.requests)]
         for mode in (("auto", "none") if trial % 2 == 0 else ("none", "auto")):
             engine.reset()
             rate, drafted, kept = together(engine, prompts, mode, args.tokens)
             rates[mode].append(rate)
-            print(f"{mode} trial {trial}: {rate:.1f} tok/s in all; shared steps drafted {drafted}, kept {kept}",
-                  flush=True)
+            print(f"{mode} trial {trial}: {rate:.1f} tok/s in all; shared steps drafted {drafted}, kept {kept}"
+                  f" (promised {promises[0]:.1f}, kept {promises[1]:.0f} so far; trust now"
+                  f" {engine.drafting.promises.trust:.2f})", flush=True)
     ratios = [a / n for a, n in zip(rates["auto"], rates["none"])]
     print(f"auto / none per trial: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}")
     engine.close()

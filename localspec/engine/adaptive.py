@@ -100,17 +100,17 @@ SHARED_MARGIN = 0.3
 
 
 def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: Sequence[int] = (),
-                   room: int = 1 << 30, margin: float = SHARED_MARGIN) -> list[int]:
+                   room: int = 1 << 30, margin: float = SHARED_MARGIN, trust: float = 1.0) -> list[int]:
     """How many tokens of each sequence's proposal one shared decode verifies, beside one pending token
     each and the prompts' `chunks`: drafts of one length share a pass (`step_cost`), so the step
     chooses one length L for every proposal (each capped by its own length), the one whose expected
     tokens per second of the whole step beat plain decoding's by `margin` the most, then drops the
-    proposals that lower it. `chances`: each sequence's proposal (empty: nothing to draft). At most
-    `room` draft tokens in all."""
+    proposals that lower it. `chances`: each sequence's proposal (empty: nothing to draft); the draft
+    tokens they promise count `trust` each (`Promises.trust`). At most `room` draft tokens in all."""
     def rate(ks: list[int]) -> float:
         if sum(ks) > room:
             return 0.0
-        tokens = sum(expected_tokens(list(c[:k])) for c, k in zip(chances, ks))
+        tokens = sum(1 + trust * (expected_tokens(list(c[:k])) - 1) for c, k in zip(chances, ks))
         return tokens / step_cost(cost, [1 + k for k in ks] + list(chunks))
 
     plain = [0] * len(chances)
@@ -123,6 +123,29 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
         if k and (r := rate(fewer := [*best[:i], 0, *best[i + 1:]])) > best_rate:
             best, best_rate = fewer, r
     return best
+
+
+@dataclass
+class Promises:
+    """Draft tokens shared steps kept against the tokens their chances promised, decayed by draft:
+    `trust` is what a promised token is worth when the next shared step is priced. The chances come
+    from each request's lookups as priced for rounds alone, and the proposal a step verifies is the
+    one promising most among several (chosen for its promise, so it overstates): four edits at once
+    kept 34-69% of their draft tokens (scripts/shared_drafts.py prints promised and kept). Starts
+    trusting the chances (`prior` tokens kept of as many promised); never above 1."""
+
+    promised: float = 0.0
+    kept: float = 0.0
+    prior: float = 8.0
+    decay: float = 0.95
+
+    @property
+    def trust(self) -> float:
+        return min((self.kept + self.prior) / (self.promised + self.prior), 1.0)
+
+    def observe(self, promised: float, kept: int) -> None:
+        self.promised = self.promised * self.decay + promised
+        self.kept = self.kept * self.decay + kept
 
 
 @dataclass

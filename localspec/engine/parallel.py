@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from localspec.engine.answer import Answer
-from localspec.engine.adaptive import shared_lengths
+from localspec.engine.adaptive import Promises, expected_tokens, shared_lengths
 from localspec.engine.drafters import Draft
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
@@ -166,12 +166,14 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
     return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
 
 
-def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
+def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float], Promises | None]:
     """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
     `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
     length of all of them, the one that pays most for the whole step (`adaptive.shared_lengths`:
-    drafts of one length share a pass, a longer one adds its own); within the batch and the logits
-    rows one decode takes. A forced length (`fixed_len`) is drafted as offered."""
+    drafts of one length share a pass, a longer one adds its own), its promised tokens worth what
+    shared drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one
+    decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals, the
+    draft tokens each priced one promised (forced lengths promise nothing), and the tally to tell."""
     offered: dict[int, tuple[Draft, list[float]]] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
@@ -179,7 +181,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
             if draft.tokens:
                 offered[i] = (draft, chances)
     if not offered:
-        return {}
+        return {}, {}, None
     room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes) - len(chunks))
     for draft, chances in offered.values():
         if not chances:  # a forced length: as offered, within what is left of the room
@@ -187,14 +189,18 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> dict[int, Proposal]:
             room -= len(draft.tokens)
     planner = lanes[next(iter(offered))].planner
     assert planner is not None
+    promises = planner.drafting.promises
     lengths = shared_lengths(planner.cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))],
-                             chunks, room)
+                             chunks, room, trust=promises.trust)
     proposals: dict[int, Proposal] = {}
+    promised: dict[int, float] = {}
     for i, (draft, chances) in offered.items():
         if chances:
             draft.tokens = draft.tokens[:lengths[i]]
+            if draft.tokens:
+                promised[i] = expected_tokens(chances[:len(draft.tokens)]) - 1
         proposals[i] = proposal_of(draft, lanes[i].request.constraint)
-    return proposals
+    return proposals, promised, promises
 
 
 def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int], int] = lambda rows: 1 << 30,
@@ -221,8 +227,11 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
             budget -= n
     if not together:
         return [], None, 0.0
-    proposals = _drafts(together[:pending], list(chunks.values()))
+    proposals, promised, promises = _drafts(together[:pending], list(chunks.values()))
     steps, seconds, tokens = step_together(together, chunks, proposals)
+    for i, promise in promised.items():
+        if (step := steps[i]) is not None and promises is not None:
+            promises.observe(promise, step.accepted)
     shares = [seconds * n / sum(tokens) for n in tokens]
     host_step = steps.pop(0) if host is not None else None
     host_share = shares.pop(0) if host is not None else 0.0

@@ -17,7 +17,7 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from localspec.engine.adaptive import CostModel, expected_tokens
+from localspec.engine.adaptive import CostModel, Promises, expected_tokens
 from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
@@ -200,13 +200,15 @@ class Probing:
 @dataclass
 class Drafting:
     """What an engine's drafting keeps across requests: the target's verify costs, the registered
-    drafters (each keeps what it learns), the probing back-off; `planner` makes each request's own."""
+    drafters (each keeps what it learns), the probing back-off, what shared steps' drafts kept of their
+    promise; `planner` makes each request's own."""
 
     cost: CostModel
     drafters: list[Drafter] = field(default_factory=list)
     learn_costs: bool = True
     plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
     probing: Probing = field(default_factory=Probing)
+    promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
 
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
                 replayable: bool = False) -> "Planner":
