@@ -42,8 +42,9 @@ def count_promises(engine) -> list[float]:
     return totals
 
 
-def together(engine, prompts: list[str], mode: str, tokens: int) -> tuple[float, int, int]:
-    """Aggregate tokens/s of the prompts decoded together, and the draft tokens shared steps drafted and kept."""
+def together(engine, prompts: list[str], mode: str, tokens: int) -> tuple[float, int, int, int, int]:
+    """Aggregate tokens/s of the prompts decoded together, the draft tokens shared steps drafted and kept,
+    and those that rounds alone (the first request's first round, the last one left) drafted and kept."""
     contexts = [engine.chat_tokens([{"role": "user", "content": p}]) for p in prompts]
     host: list = []
     guests: list[list] = [[] for _ in contexts[1:]]
@@ -57,9 +58,12 @@ def together(engine, prompts: list[str], mode: str, tokens: int) -> tuple[float,
         pass
     wall = time.perf_counter() - t0
     answers = [host, *guests]
-    shared = [e for events in answers for e in events if isinstance(e, Round) and e.shared]
+    rounds = [e for events in answers for e in events if isinstance(e, Round)]
+    shared = [e for e in rounds if e.shared]
+    alone = [e for e in rounds if not e.shared]
     generated = sum(events[-1].generated_tokens for events in answers)
-    return generated / wall, sum(e.drafted for e in shared), sum(len(e.accepted) for e in shared)
+    return (generated / wall, sum(e.drafted for e in shared), sum(len(e.accepted) for e in shared),
+            sum(e.drafted for e in alone), sum(len(e.accepted) for e in alone))
 
 
 def main() -> None:
@@ -78,9 +82,10 @@ def main() -> None:
         prompts = [questions[(trial + i) % len(questions)] for i in range(args.requests)]
         for mode in (("auto", "none") if trial % 2 == 0 else ("none", "auto")):
             engine.reset()
-            rate, drafted, kept = together(engine, prompts, mode, args.tokens)
+            rate, drafted, kept, alone_drafted, alone_kept = together(engine, prompts, mode, args.tokens)
             rates[mode].append(rate)
-            print(f"{mode} trial {trial}: {rate:.1f} tok/s in all; shared steps drafted {drafted}, kept {kept}"
+            print(f"{mode} trial {trial}: {rate:.1f} tok/s in all; shared steps drafted {drafted}, kept {kept};"
+                  f" rounds alone drafted {alone_drafted}, kept {alone_kept}"
                   f" (promised {promises[0]:.1f}, kept {promises[1]:.0f} so far; trust now"
                   f" {engine.drafting.promises.trust:.2f})", flush=True)
     ratios = [a / n for a, n in zip(rates["auto"], rates["none"])]

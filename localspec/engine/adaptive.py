@@ -89,13 +89,26 @@ def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
     return total
 
 
-# A shared step drafts only where its expected rate beats plain decoding's by this much: several
-# sequences' plain step is already cheap per token, and the copies' chances are estimates (shared
-# drafts kept 34-69% of their tokens). Four edits at once, drafts vs none (scripts/shared_drafts.py,
-# 2-core EPYC): at 15%, 1.00-1.07x on the AVX-512 build but 0.90-0.97x on the AVX2 build; at 30%,
-# 0.95-1.06x and 0.92-0.97x, where the AVX2 build without shared drafts ran 0.91-1.05x; at 30%, after
-# requests that never drafted with the draft model stopped resetting its record: AVX2 0.90-1.09x (median
-# 1.03; docs/performance.md).
+def steps_saved_s(cost: CostModel, ahead: Sequence[float]) -> float:
+    """Seconds of later steps saved when sequences decoded together (one token each a step, none
+    waiting for a slot) get `ahead[i]` tokens further now: a sequence x tokens ahead leaves the steps
+    x steps sooner, and the steps it leaves cost what they cost without it (step_cost of the others),
+    so one sequence alone ahead saves x * (verify(n) - verify(n - 1)) and all of them ahead alike
+    save x whole steps; levels in between add up like step_cost's passes."""
+    total, done = 0.0, 0.0
+    for i, x in enumerate(sorted(ahead)):
+        if x > done:
+            behind = cost.verify(i) if i else 0.0  # the sequences ahead by less than x
+            total += (x - done) * (cost.verify(len(ahead)) - behind)
+            done = x
+    return total
+
+
+# A shared step drafts only where the later steps its drafts are expected to save exceed the seconds
+# they add to it by this much: the copies' chances are estimates (what shared drafts kept is learnt as
+# Promises.trust). Two and four edits at once, drafts vs none (scripts/shared_drafts.py, 2-core EPYC,
+# AVX-512 and AVX2 builds): medians 0.94-1.03, within the run-to-run noise (docs/performance.md, "What
+# a shared draft is worth").
 SHARED_MARGIN = 0.3
 
 
@@ -103,25 +116,31 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
                    room: int = 1 << 30, margin: float = SHARED_MARGIN, trust: float = 1.0) -> list[int]:
     """How many tokens of each sequence's proposal one shared decode verifies, beside one pending token
     each and the prompts' `chunks`: drafts of one length share a pass (`step_cost`), so the step
-    chooses one length L for every proposal (each capped by its own length), the one whose expected
-    tokens per second of the whole step beat plain decoding's by `margin` the most, then drops the
-    proposals that lower it. `chances`: each sequence's proposal (empty: nothing to draft); the draft
-    tokens they promise count `trust` each (`Promises.trust`). At most `room` draft tokens in all."""
-    def rate(ks: list[int]) -> float:
+    chooses one length L for every proposal (each capped by its own length), the one that saves the
+    most seconds: the later steps its expected kept tokens save (`steps_saved_s`) beyond `1 + margin`
+    times the seconds the drafts add to this step; then it drops the proposals that lower that.
+    Priced so, a draft in a step of several sequences is worth what its sequence adds to a step, not
+    a step's worth: the other sequences decode as many steps whatever it drafts. `chances`: each
+    sequence's proposal (empty: nothing to draft); the draft tokens they promise count `trust` each
+    (`Promises.trust`). At most `room` draft tokens in all."""
+    plain_s = step_cost(cost, [1] * len(chances) + list(chunks))
+
+    def saving(ks: list[int]) -> float:
         if sum(ks) > room:
-            return 0.0
-        tokens = sum(1 + trust * (expected_tokens(list(c[:k])) - 1) for c, k in zip(chances, ks))
-        return tokens / step_cost(cost, [1 + k for k in ks] + list(chunks))
+            return -math.inf
+        ahead = [trust * (expected_tokens(list(c[:k])) - 1) for c, k in zip(chances, ks)]
+        added_s = step_cost(cost, [1 + k for k in ks] + list(chunks)) - plain_s
+        return steps_saved_s(cost, ahead) - (1 + margin) * added_s
 
     plain = [0] * len(chances)
-    best, best_rate = plain, rate(plain) * (1 + margin)
+    best, most = plain, 0.0
     for length in sorted({n - 1 for n in cost.verify_s if n > 1}):
         ks = [min(length, len(c)) for c in chances]
-        if ks != best and (r := rate(ks)) > best_rate:
-            best, best_rate = ks, r
+        if ks != best and (saved := saving(ks)) > most:
+            best, most = ks, saved
     for i, k in enumerate(best):
-        if k and (r := rate(fewer := [*best[:i], 0, *best[i + 1:]])) > best_rate:
-            best, best_rate = fewer, r
+        if k and (saved := saving(fewer := [*best[:i], 0, *best[i + 1:]])) > most:
+            best, most = fewer, saved
     return best
 
 
@@ -130,9 +149,10 @@ class Promises:
     """Draft tokens shared steps kept against the tokens their chances promised, decayed by draft:
     `trust` is what a promised token is worth when the next shared step is priced. The chances come
     from each request's lookups as priced for rounds alone, and the proposal a step verifies is the
-    one promising most among several (chosen for its promise, so it overstates): four edits at once
-    kept 34-69% of their draft tokens (scripts/shared_drafts.py prints promised and kept). Starts
-    trusting the chances (`prior` tokens kept of as many promised); never above 1."""
+    one promising most among several, so they may overstate; a lookup whose chances are wrong is then
+    verified for a few steps, not for every one. Measured on edits, the promises held (kept 0.71-1.05
+    of promised; scripts/shared_drafts.py prints both). Starts trusting the chances (`prior` tokens
+    kept of as many promised); never above 1."""
 
     promised: float = 0.0
     kept: float = 0.0

@@ -20,9 +20,11 @@ offers its lookups' best proposal (a copy, the history, what its grammar forces;
 a sequence per request but drafts only when its request decodes alone), and the step verifies one
 length of all of them (`adaptive.shared_lengths`): with a KV cache per sequence llama.cpp takes as
 many tokens from every sequence in a micro-batch, so drafts of one length share a pass and a longer
-one adds its own (`adaptive.step_cost`, scripts/batch_shape_costs.py). On a CPU a step of several
-sequences is already cheap per token, so drafts there are the nearly sure copies; where added
-positions cost little (a GPU) they are most of the point. A generation that others joined drafts as
+one adds its own (`adaptive.step_cost`, scripts/batch_shape_costs.py). A draft is worth the later
+steps it saves (`adaptive.steps_saved_s`): the others decode as many steps whatever one sequence
+drafts, so one sequence's draft pays only for what its pending token adds to a step, while drafts in
+every sequence save whole steps; the chances promised count for what shared drafts kept
+(`Promises.trust`). A generation that others joined drafts as
 alone again once it is, and so does the last guest left after it ended (`Guests.step`'s `alone`:
 speculative rounds on its own sequence, the draft model included).
 """
@@ -169,8 +171,8 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
 def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float], Promises | None]:
     """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
     `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
-    length of all of them, the one that pays most for the whole step (`adaptive.shared_lengths`:
-    drafts of one length share a pass, a longer one adds its own), its promised tokens worth what
+    length of all of them, the one that saves the most time (`adaptive.shared_lengths`: drafts of
+    one length share a pass, a longer one adds its own), its promised tokens worth what
     shared drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one
     decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals, the
     draft tokens each priced one promised (forced lengths promise nothing), and the tally to tell."""
