@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from localspec.engine.answer import Answer
-from localspec.engine.adaptive import Promises, expected_tokens, shared_lengths
+from localspec.engine.adaptive import expected_tokens, shared_lengths
 from localspec.engine.drafters import Draft
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
@@ -168,14 +168,14 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
     return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
 
 
-def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float], Promises | None]:
+def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float]]:
     """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
     `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
     length of all of them, the one that saves the most time (`adaptive.shared_lengths`: drafts of
     one length share a pass, a longer one adds its own), its promised tokens worth what
     shared drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one
-    decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals, the
-    draft tokens each priced one promised (forced lengths promise nothing), and the tally to tell."""
+    decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals and the
+    draft tokens each priced one promised (forced lengths promise nothing)."""
     offered: dict[int, tuple[Draft, list[float]]] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
@@ -183,7 +183,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
             if draft.tokens:
                 offered[i] = (draft, chances)
     if not offered:
-        return {}, {}, None
+        return {}, {}
     room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes) - len(chunks))
     for draft, chances in offered.values():
         if not chances:  # a forced length: as offered, within what is left of the room
@@ -191,9 +191,8 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
             room -= len(draft.tokens)
     planner = lanes[next(iter(offered))].planner
     assert planner is not None
-    promises = planner.drafting.promises
     lengths = shared_lengths(planner.cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))],
-                             chunks, room, trust=promises.trust)
+                             chunks, room, trust=planner.drafting.promises.trust)
     proposals: dict[int, Proposal] = {}
     promised: dict[int, float] = {}
     for i, (draft, chances) in offered.items():
@@ -202,7 +201,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
             if draft.tokens:
                 promised[i] = expected_tokens(chances[:len(draft.tokens)]) - 1
         proposals[i] = proposal_of(draft, lanes[i].request.constraint)
-    return proposals, promised, promises
+    return proposals, promised
 
 
 def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int], int] = lambda rows: 1 << 30,
@@ -229,11 +228,12 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
             budget -= n
     if not together:
         return [], None, 0.0
-    proposals, promised, promises = _drafts(together[:pending], list(chunks.values()))
+    proposals, promised = _drafts(together[:pending], list(chunks.values()))
     steps, seconds, tokens = step_together(together, chunks, proposals)
-    for i, promise in promised.items():
-        if (step := steps[i]) is not None and promises is not None:
-            promises.observe(promise, step.accepted)
+    for i, promise in promised.items():  # every lane that offered has a planner, all of one engine's
+        planner, step = together[i].planner, steps[i]
+        if planner is not None and step is not None:
+            planner.drafting.promises.observe(promise, step.accepted)
     shares = [seconds * n / sum(tokens) for n in tokens]
     host_step = steps.pop(0) if host is not None else None
     host_share = shares.pop(0) if host is not None else 0.0
