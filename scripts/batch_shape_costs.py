@@ -5,10 +5,14 @@ A step shared by several requests holds each one's pending token and maybe its d
 has its own KV cells, and llama.cpp then splits a batch into micro-batches that take as many tokens
 from every sequence in them: parts of different lengths cost a pass per length (1 + 1 + 16 is a
 pass of 3 x 1 and another of 15), which `step_cost` prices and drafts in shared steps are priced by
-(`adaptive.beside`). Logits for every position (as a verify asks); medians of passes in alternating
+(`adaptive.shared_lengths`). Logits for every position (as a verify asks); medians of passes in alternating
 order.
 
-    .venv/bin/python scripts/batch_shape_costs.py [catalog pair or GGUF path] [--context 200] [--repeats 5]
+    .venv/bin/python scripts/batch_shape_costs.py [catalog pair or GGUF path] [--context 200] [--repeats 5] [--unified]
+
+`--unified` loads the target with one KV buffer for all sequences (llama.cpp's `kv_unified`): uneven
+parts then cost one pass of their total, but every decode attends over every sequence's cells, which
+the last line shows (docs/performance.md, "One KV buffer for all sequences").
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ def main() -> None:
     ap.add_argument("entry", nargs="?", default=None, help="catalog pair or GGUF path (default: the default pair)")
     ap.add_argument("--context", type=int, default=200, help="tokens already in each sequence's cache")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--unified", action="store_true",
+                    help="one KV buffer for all sequences (llama.cpp's kv_unified) instead of one per sequence")
     args = ap.parse_args()
     from localspec.catalog import load_catalog
     from localspec.loader import resolve
     target = resolve(args.entry or load_catalog().default_pair)[0]
     print(backend.system_info())
     seqs = max(len(shape) for shape in SHAPES)
-    model = backend.Model(target, backend.ModelOptions(n_ctx=seqs * 1024, n_seq=seqs))
+    per_seq = max(1024, args.context + 128)
+    model = backend.Model(target, backend.ModelOptions(n_ctx=seqs * per_seq, n_seq=seqs, kv_unified=args.unified))
     n_vocab, ctx = model.n_vocab, args.context
     filler = [(17 + 31 * i) % (n_vocab - 1) + 1 for i in range(ctx + 64)]
     for seq in range(seqs):
@@ -80,6 +87,14 @@ def main() -> None:
         print(f"{' + '.join(map(str, shape)):22s} {measured * 1000:11.1f} {measured / one:7.2f}"
               f" {total * 1000:14.1f} ({measured / total:4.2f}x) {step_cost(cost, list(shape)) * 1000:8.1f}"
               f" ({measured / step_cost(cost, list(shape)):4.2f}x)")
+    # What one request alone pays for the others' caches: with one KV buffer for all sequences its
+    # attention spans every sequence's cells (masked), with a buffer each only its own.
+    alone_beside = statistics.median(times[(1,)])
+    for seq in range(1, seqs):
+        model.truncate(0, seq)
+    alone = statistics.median([shared((1,)) for _ in range(max(args.repeats, 9))])
+    print(f"one position of one sequence: {alone_beside * 1000:.1f} ms while {seqs - 1} others hold {ctx} tokens"
+          f" each, {alone * 1000:.1f} ms with them empty ({alone_beside / alone:.2f}x)")
     model.close()
 
 

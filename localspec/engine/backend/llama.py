@@ -41,6 +41,7 @@ class ModelOptions:
     devices: tuple[int, ...] = ()     # ggml devices to place every layer on (RPC workers: rpc_devices); () = llama.cpp's
     tensor_split: tuple[float, ...] = ()  # share of the layers on each of `devices`; () = by their free memory
     placement: str = ""               # where the layers are, for cache keys: "" local, "rpc:HOST:PORT,…"
+    kv_unified: bool = False          # one KV buffer for all sequences (scripts/batch_shape_costs.py --unified)
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -258,7 +259,8 @@ class Model(_Metadata):
         cparams.n_batch = min(self.options.n_batch, n_ctx)
         cparams.n_ubatch = cparams.n_batch
         cparams.n_seq_max = max(1, self.options.n_seq)
-        cparams.kv_unified = False  # each sequence its own cells: a slot's attention never spans the others'
+        # Each sequence its own cells by default: a slot's attention never spans the others'.
+        cparams.kv_unified = self.options.kv_unified
         # Logits are asked for a few positions per call (a verify batch), never a whole batch: a
         # buffer for n_batch rows would cost n_batch x n_vocab floats (311 MB for Qwen) per model.
         cparams.n_outputs_max = self.options.n_outputs_max
