@@ -470,7 +470,7 @@ def test_shared_steps_price_promised_tokens_at_what_shared_drafts_kept():
     """Chances that overstate (a copy that claims sure tokens and breaks at its first) lose the trust
     of the shared steps: the guest's proposal is verified in its first shared steps, then no more,
     while the answers stay exact. Promises alone: trust starts at the chances' word, falls with
-    tokens promised and not kept, never rises above 1; on a CPU's cost shape four nearly sure copies
+    tokens promised and not kept, comes back over steps that verify no draft, never rises above 1; on a CPU's cost shape four nearly sure copies
     worth half their promise do not pay for the step."""
     from localspec.engine.adaptive import Promises, shared_lengths
 
@@ -481,6 +481,10 @@ def test_shared_steps_price_promised_tokens_at_what_shared_drafts_kept():
     for _ in range(5):
         promises.observe(15.0, 3)
     assert 0.3 < promises.trust < 0.4  # 3 kept of 15 promised, after 12 of 10 (and the prior)
+    low = promises.trust
+    for _ in range(100):  # shared steps that offered drafts and verified none
+        promises.passed()
+    assert low < 0.5 < promises.trust < 1.0
     cpu = CostModel({1: 1.0, 2: 1.68, 3: 2.26, 4: 3.18, 8: 8.05, 12: 8.77, 16: 8.77})  # a 2-core AVX2 CPU (#24)
     assert shared_lengths(cpu, [[0.99] * 15] * 4) == [11, 11, 11, 11]
     assert shared_lengths(cpu, [[0.99] * 15] * 4, trust=0.5) == [0, 0, 0, 0]

@@ -201,6 +201,8 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
             if draft.tokens:
                 promised[i] = expected_tokens(chances[:len(draft.tokens)]) - 1
         proposals[i] = proposal_of(draft, lanes[i].request.constraint)
+    if not promised and any(chances for _draft, chances in offered.values()):
+        planner.drafting.promises.passed()
     return proposals, promised
 
 
