@@ -135,6 +135,18 @@ def _host_engine(slots=3, cost=COST):
     return engine, target
 
 
+def _joined_at_first_round(engine, host_prompt, host_tokens, guest_prompt, guest_tokens):
+    """The events of a generation and of a request that joins it at its first round, both to the end."""
+    host, guest = [], []
+    for event in engine.generate(host_prompt, max_tokens=host_tokens):
+        host.append(event)
+        if isinstance(event, Round) and event.index == 0:
+            engine.join(guest_prompt, guest.append, max_tokens=guest_tokens)
+    while engine.step_guests():
+        pass
+    return host, guest
+
+
 CHAT = [0, 20, 21, 22, 23, 20, 21]
 OTHER = [0, 30, 2, 3, 17, 30, 2]
 
@@ -493,13 +505,7 @@ def test_shared_steps_price_promised_tokens_at_what_shared_drafts_kept():
     truths = {p[1]: _solo(p, GREEDY[0], 60) for p in (host_prompt, guest_prompt)}
     engine, _target = _host_engine(cost=CPU_COST)
     engine.drafting.drafters = [_Scripted(truths, {20: 0, 30: 15}, {30: 0})]
-    host, guest = [], []
-    for event in engine.generate(host_prompt, max_tokens=40):
-        host.append(event)
-        if isinstance(event, Round) and event.index == 0:
-            engine.join(guest_prompt, guest.append, max_tokens=36)
-    while engine.step_guests():
-        pass
+    host, guest = _joined_at_first_round(engine, host_prompt, 40, guest_prompt, 36)
     assert answer_tokens(host) == truths[20][:40] and answer_tokens(guest) == truths[30][:36]
     shared = [e for e in guest if isinstance(e, Round) and e.shared]
     drafted = [e for e in shared if e.drafted]
@@ -518,13 +524,7 @@ def test_a_long_replay_beside_a_joining_prompt_stays_within_the_logits_one_decod
     prompt = [0, 20, 21, 22]
     truth = _solo(prompt, GREEDY[0], 240)
     engine.drafting.drafters = [_Scripted({20: truth, LONG[1]: []}, {20: 63, LONG[1]: 0}, {})]
-    host, guest = [], []
-    for event in engine.generate(prompt, max_tokens=240):
-        host.append(event)
-        if isinstance(event, Round) and event.index == 0:
-            engine.join(LONG, guest.append, max_tokens=6)
-    while engine.step_guests():
-        pass
+    host, guest = _joined_at_first_round(engine, prompt, 240, LONG, 6)
     assert answer_tokens(host) == truth and answer_tokens(guest) == _solo(LONG, GREEDY[0], 6)
     assert any(e.shared and e.drafted >= 32 for e in host if isinstance(e, Round))  # long drafts beside chunks
 
