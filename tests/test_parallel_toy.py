@@ -478,6 +478,47 @@ def test_a_shared_step_verifies_one_length_of_every_proposal_where_that_pays():
     assert shared_lengths(cpu, [sure] * 4, room=8) == [0, 0, 0, 0]  # not within the batch
 
 
+def test_with_requests_queued_for_a_slot_any_sequence_ahead_saves_its_share_of_a_step():
+    """Where requests wait for a slot every slot stays full, so a token any sequence gets ahead is 1/n
+    of a full step of n: on a GPU's shape (a step of four about one token) a sure copy beside three
+    pending tokens saves nearly nothing while nobody waits and drafts once someone does; all of them
+    ahead alike save as many whole steps either way; on a CPU's shape the queue prices one sequence's
+    copy a little lower (a full step's quarter, 0.80 of a token, against the 0.92 it adds)."""
+    from localspec.engine.adaptive import shared_lengths, steps_saved_s
+
+    gpu = CostModel({1: 1.0, 2: 1.02, 3: 1.03, 4: 1.05, 8: 1.1, 12: 1.2, 16: 1.3, 32: 1.6, 64: 2.4})
+    cpu = CostModel({1: 1.0, 2: 1.68, 3: 2.26, 4: 3.18, 8: 8.05, 12: 8.77, 16: 8.77})  # a 2-core AVX2 CPU (#24)
+    assert steps_saved_s(gpu, [4.0, 0, 0, 0]) == pytest.approx(4 * (gpu.verify(4) - gpu.verify(3)))
+    assert steps_saved_s(gpu, [4.0, 0, 0, 0], queued=True) == pytest.approx(4 * gpu.verify(4) / 4)
+    assert steps_saved_s(cpu, [2.0] * 4, queued=True) == pytest.approx(steps_saved_s(cpu, [2.0] * 4))
+    sure = [0.99] * 15
+    assert shared_lengths(gpu, [sure, [], [], []]) == [0, 0, 0, 0]
+    assert shared_lengths(gpu, [sure, [], [], []], queued=True)[0] > 0
+    assert steps_saved_s(cpu, [3.0, 0, 0, 0], queued=True) < steps_saved_s(cpu, [3.0, 0, 0, 0])
+
+
+def test_the_servers_queue_tells_shared_steps_whether_requests_wait_for_a_slot():
+    """The scheduler gives the engine its queue: a job waiting with no slot free to join is queued,
+    for the drafting of both the generation and its interjections."""
+    from localspec.server.scheduler import Scheduler
+
+    engine, _target = _host_engine(slots=2)
+    scheduler = Scheduler(engine, interject=False)
+    try:
+        assert not engine.drafting.queued() and not engine._side.queued()
+        scheduler._jobs.append(object())  # a job waiting (the engine's thread only waits for a notify)
+        assert not engine.drafting.queued()  # both slots free: it joins at the next step
+        for kv in engine.slots.free():
+            engine.slots.take(kv)
+        assert engine.drafting.queued() and engine._side.queued()
+        scheduler._jobs.clear()
+        assert not engine.drafting.queued()
+    finally:
+        for kv in engine.slots:
+            kv.busy = False
+        scheduler.close()
+
+
 def test_shared_steps_price_promised_tokens_at_what_shared_drafts_kept():
     """Chances that overstate (a copy that claims sure tokens and breaks at its first) lose the trust
     of the shared steps: the guest's proposal is verified in its first shared steps, then no more,

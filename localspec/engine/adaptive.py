@@ -89,12 +89,18 @@ def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
     return total
 
 
-def steps_saved_s(cost: CostModel, ahead: Sequence[float]) -> float:
-    """Seconds of later steps saved when sequences decoded together (one token each a step, none
-    waiting for a slot) get `ahead[i]` tokens further now: a sequence x tokens ahead leaves the steps
-    x steps sooner, and the steps it leaves cost what they cost without it (step_cost of the others),
-    so one sequence alone ahead saves x * (verify(n) - verify(n - 1)) and all of them ahead alike
-    save x whole steps; levels in between add up like step_cost's passes."""
+def steps_saved_s(cost: CostModel, ahead: Sequence[float], queued: bool = False) -> float:
+    """Seconds of later steps saved when sequences decoded together (one token each a step) get
+    `ahead[i]` tokens further now. With none waiting for a slot, a sequence x tokens ahead leaves the
+    steps x steps sooner, and the steps it leaves cost what they cost without it (step_cost of the
+    others), so one sequence alone ahead saves x * (verify(n) - verify(n - 1)) and all of them ahead
+    alike save x whole steps; levels in between add up like step_cost's passes. With requests
+    `queued` for a slot, every slot stays full until the queue drains (a sequence that ends sooner
+    lets the next request in sooner): the work left is fixed, n tokens a step, so any sequence's token
+    ahead saves 1/n of a full step, verify(n) / n (on a GPU, where a token beside others adds nearly
+    nothing to a step, that is most of a token; on a CPU about what it adds)."""
+    if queued and ahead:
+        return sum(max(x, 0.0) for x in ahead) * cost.verify(len(ahead)) / len(ahead)
     total, done = 0.0, 0.0
     for i, x in enumerate(sorted(ahead)):
         if x > done:
@@ -113,7 +119,8 @@ SHARED_MARGIN = 0.3
 
 
 def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: Sequence[int] = (),
-                   room: int = 1 << 30, margin: float = SHARED_MARGIN, trust: float = 1.0) -> list[int]:
+                   room: int = 1 << 30, margin: float = SHARED_MARGIN, trust: float = 1.0,
+                   queued: bool = False) -> list[int]:
     """How many tokens of each sequence's proposal one shared decode verifies, beside one pending token
     each and the prompts' `chunks`: drafts of one length share a pass (`step_cost`), so the step
     chooses one length L for every proposal (each capped by its own length), the one that saves the
@@ -122,7 +129,8 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
     Priced so, a draft in a step of several sequences is worth what its sequence adds to a step, not
     a step's worth: the other sequences decode as many steps whatever it drafts. `chances`: each
     sequence's proposal (empty: nothing to draft); the draft tokens they promise count `trust` each
-    (`Promises.trust`). At most `room` draft tokens in all."""
+    (`Promises.trust`). At most `room` draft tokens in all; `queued`: requests wait for a slot
+    (`steps_saved_s`)."""
     plain_s = step_cost(cost, [1] * len(chances) + list(chunks))
 
     def saving(ks: list[int]) -> float:
@@ -130,7 +138,7 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
             return -math.inf
         ahead = [trust * (expected_tokens(list(c[:k])) - 1) for c, k in zip(chances, ks)]
         added_s = step_cost(cost, [1 + k for k in ks] + list(chunks)) - plain_s
-        return steps_saved_s(cost, ahead) - (1 + margin) * added_s
+        return steps_saved_s(cost, ahead, queued) - (1 + margin) * added_s
 
     plain = [0] * len(chances)
     best, most = plain, 0.0

@@ -68,15 +68,18 @@ class Engine:
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
             history_file=history_file))
         self._template = template
+        # Whether requests wait for a slot (the server's scheduler sets it): shared steps price drafts by it.
+        self.queued: Callable[[], bool] = lambda: False
         # What drafting learns across requests; each request plans with a Planner of its own from it.
         self.drafting = Drafting(self.cost, self._drafters, learn_costs=opts.learn_costs,
-                                 plain_wanted=self.plain_rounds.wanted)
+                                 plain_wanted=self.plain_rounds.wanted, queued=lambda: self.queued())
         # Interjections draft copies of their own context and the history (each request has its own turn
         # of it; their answers are recorded, so an editor's repeated completion replays), not the draft
         # model: the waiting generation's draft sequence stays as it was.
         history = [d for d in self._drafters if d.name == "history"]
         self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control), *history],
-                              learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted)
+                              learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted,
+                              queued=lambda: self.queued())
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation

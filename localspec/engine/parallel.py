@@ -175,7 +175,8 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     one length share a pass, a longer one adds its own), its promised tokens worth what
     shared drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one
     decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals and the
-    draft tokens each priced one promised (forced lengths promise nothing)."""
+    draft tokens each priced one promised (forced lengths promise nothing). Priced as the queue
+    stands (`Drafting.queued`: requests waiting for a slot)."""
     offered: dict[int, tuple[Draft, list[float]]] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
@@ -192,7 +193,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     planner = lanes[next(iter(offered))].planner
     assert planner is not None
     lengths = shared_lengths(planner.cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))],
-                             chunks, room, trust=planner.drafting.promises.trust)
+                             chunks, room, trust=planner.drafting.promises.trust, queued=planner.drafting.queued())
     proposals: dict[int, Proposal] = {}
     promised: dict[int, float] = {}
     for i, (draft, chances) in offered.items():

@@ -209,6 +209,7 @@ class Drafting:
     plain_wanted: Callable[[int], bool] | None = None  # context length -> a plain round would be measured there
     probing: Probing = field(default_factory=Probing)
     promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
+    queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
 
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
                 replayable: bool = False) -> "Planner":

@@ -124,6 +124,7 @@ class Scheduler:
         self._allowance_at = clock()
         self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
+        engine.queued = self._queued  # shared steps price drafts by whether requests wait for a slot
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
 
@@ -237,6 +238,12 @@ class Scheduler:
                     if any(j is job for j in queued):
                         del queued[next(i for i, j in enumerate(queued) if j is job)]
             self._join(job)
+
+    def _queued(self) -> bool:
+        """Requests wait for a slot: every slot the generation may take is busy and a request waits
+        to join (read on the engine's thread, between its steps)."""
+        keep = 1 if self.interject and self._editor_around() else 0
+        return bool(self._jobs) and self.engine.free_slots() <= keep
 
     def _editor_around(self) -> bool:
         return self._editor_at is not None and self._clock() - self._editor_at < EDITOR_IDLE_S
