@@ -115,7 +115,9 @@ def test_a_cached_calibration_that_live_rounds_contradict_is_measured_again_and_
     engine = _engine(model)
     assert engine.calibrator.from_cache and engine.cost.verify(1) == pytest.approx(0.9)
     assert engine.maintain() == ""  # nothing contradicts it yet
-    list(engine.generate([0, 5, 9, 11], max_tokens=12))
+    list(engine.generate([0, 5, 9, 11], max_tokens=calibration.CONTRADICTION_SAMPLES - 2))
+    assert engine.calibrator.due == ""  # one short answer is not enough to overrule it
+    list(engine.generate([0, 5, 9, 11, 3], max_tokens=4))
     assert "live one-token rounds" in engine.calibrator.due
     done = engine.maintain()
     assert done.startswith("measured the target's verify costs again")

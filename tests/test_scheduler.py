@@ -218,3 +218,31 @@ def test_chats_waiting_together_all_join_at_the_next_round():
     assert any(len(step) == 4 for step in steps)
     first_joined = next(i for i, step in enumerate(steps) if len(step) > 1)
     assert len(steps[first_joined]) == 4  # all three in the first shared step
+
+
+def test_the_engine_measures_its_costs_again_only_once_requests_have_paused(monkeypatch):
+    """A measurement between requests makes the next request wait for its batch: requests that come
+    one after another (an editor typing) run without one between them; a pause lets it happen."""
+    from fakes import ScriptedEngine
+    from localspec.server import scheduler as scheduling
+
+    monkeypatch.setattr(scheduling, "MAINTAIN_AFTER_IDLE_S", 0.3)
+    engine = ScriptedEngine(steps=[("", "", "x")] * 2)
+    scheduler = Scheduler(engine)
+
+    async def one() -> None:
+        events = [event async for event in scheduler.generate(Job([1, 2, 3], 2, SamplingSettings()))]
+        assert isinstance(events[-1], Summary)
+
+    async def requests() -> None:
+        for _ in range(4):  # back to back, 0.1 s apart
+            await one()
+            await asyncio.sleep(0.1)
+        assert getattr(engine, "maintained", 0) == 0
+        await asyncio.sleep(0.6)
+        assert engine.maintained == 1
+
+    try:
+        asyncio.run(requests())
+    finally:
+        scheduler.close()

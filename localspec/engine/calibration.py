@@ -47,9 +47,13 @@ MAX_OTHERS_BUSY = 0.3    # share of every core that other programs used meanwhil
 QUIET_OTHERS_BUSY = 0.15  # a moment quiet enough to start measuring again
 # Live one-token rounds contradict a calibration when their median is this far from its one-token cost
 # either way, over at least CONTRADICTION_SAMPLES rounds at short contexts (the calibration's own is 48
-# tokens; one-token decoding barely slows by 512).
-CONTRADICTION = 1.4
-CONTRADICTION_SAMPLES = 8
+# tokens; one-token decoding barely slows by 512). Beside another llama.cpp process one token costs
+# 2.3-7x what it costs alone (scripts/calibration_noise.py), while on a quiet 2-core VM live rounds
+# move up to 1.6x around a calibration (memory bandwidth shared with other machines; a server's own
+# streaming): 1.4x over 8 rounds measured again after one short warm-up answer in 2 of 6 fresh servers,
+# and the request that came next waited for a 64-position batch (docs/tuning.md, "Calibration").
+CONTRADICTION = 2.0
+CONTRADICTION_SAMPLES = 16
 SHORT_CONTEXT = 512
 # The learnt speed factor (CostModel.scale) away from the last checked value by this much, for this
 # many rounds, also asks for a new measurement (a long chat's verify batches cost more than at 48

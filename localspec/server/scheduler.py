@@ -16,14 +16,15 @@ completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engin
 is evaluated in chunks within the following steps, then both are decoded in one `llama_decode` per
 step, so a second chat starts at once instead of after the first; once the first ends, the others go
 on (`Engine.step_guests`) and what arrives meanwhile joins them.
-When nothing is waiting the thread lets the engine do what it put off for a quiet moment (`maintain`:
-measuring its costs again), which the next request interrupts.
+Once nothing has arrived for MAINTAIN_AFTER_IDLE_S the thread lets the engine do what it put off for a
+quiet moment (`maintain`: measuring its costs again), which the next request interrupts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,11 @@ _END = object()
 # (docs/performance.md, "Completions while a chat streams").
 URGENT_SHARE = 0.3
 URGENT_BURST_S = 1.0
+# The engine measures its costs again between requests (Engine.maintain) only after this many seconds
+# with none: a request arriving meanwhile waits for the batch being measured (up to ~1.5 s on a 2-core
+# CPU), and a typing session's requests come 0.8 s apart at the median, at most 3.2 s
+# (assets/fim-session.jsonl).
+MAINTAIN_AFTER_IDLE_S = 5.0
 # A slot is kept free for completions only while an editor is around: one asked for a completion within
 # this many seconds. Without an editor every slot can hold a chat (4 chats at once with 4 slots).
 EDITOR_IDLE_S = 600.0
@@ -193,7 +199,7 @@ class Scheduler:
             if job is None:
                 continue
             self._run(job, between=None if job.urgent else self._between)
-            if not (self._jobs or self._urgent):
+            if self._idle_for(MAINTAIN_AFTER_IDLE_S):
                 self._maintain()
 
     def _between(self) -> None:
@@ -280,13 +286,21 @@ class Scheduler:
                          RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
             send(_END)
 
+    def _idle_for(self, seconds: float) -> bool:
+        """True when no request arrived for this long: a measurement between requests makes the next
+        one wait for its current batch, so it starts only once requests have paused."""
+        with self._changed:
+            return not self._changed.wait_for(lambda: self._jobs or self._urgent or self._closing, timeout=seconds)
+
     def _maintain(self) -> None:
+        started = self._clock()
         try:
             done = self.engine.maintain(interrupt=lambda: bool(self._jobs or self._urgent))
         except Exception as exc:  # maintenance must never take the server down
             done = f"maintenance failed: {type(exc).__name__}: {exc}"
         if done:
             self.maintenance = done
+            print(f"Between requests ({self._clock() - started:.1f} s): {done}", file=sys.stderr, flush=True)
 
     @staticmethod
     def _sender(job: Job):
