@@ -14,6 +14,8 @@ CPU.
     python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout.json --prompts scripts/heldout_edit.yaml
     python scripts/replay_planner.py record qwen2.5-coder-1.5b followup.json --sessions follow-up
     python scripts/replay_planner.py replay followup.json --oracle
+    python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout-followup.json --sessions follow-up \
+        --sessions-file scripts/heldout_followups.yaml
     .venv-avx2/bin/python scripts/replay_planner.py record qwen2.5-coder-1.5b edit-avx2.json --suite edit
     python scripts/replay_planner.py replay answers.json --costs edit-avx2.json --oracle
 
@@ -43,7 +45,7 @@ from localspec.engine.speculative import Drafting
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
-           sessions: list[str] = ()) -> None:
+           sessions: list[str] = (), sessions_file: str | None = None) -> None:
     from localspec import load
     from localspec.bench import next_messages
     from localspec.bench import load_sessions, load_suites, parse_prompts
@@ -57,7 +59,7 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
     greedy = SamplingSettings(temperature=0)
     conversations: list[tuple[str, str, list[dict]]] = []  # (id, suite, messages before the recorded answer)
     if sessions:
-        for session in load_sessions():
+        for session in load_sessions([sessions_file] if sessions_file else ["sessions"]):
             if session.kind in sessions:  # the first answer, then the second request as the bench sends it
                 first = [{"role": "user", "content": session.requests[0]}]
                 answer = list(engine.chat(first, max_tokens=max_tokens, sampling=greedy, drafter="none"))[-1].text
@@ -158,6 +160,8 @@ def main() -> None:
                      "(scripts/heldout_edit.yaml: edits the planner was not tuned on)")
     rec.add_argument("--sessions", default="", help="record these session kinds' second requests instead "
                      "(follow-up: the answer to a request that asks to change the first answer)")
+    rec.add_argument("--sessions-file", default=None, help="with --sessions: a YAML file of sessions instead of "
+                     "the bench's (scripts/heldout_followups.yaml: follow-ups the planner was not tuned on)")
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
@@ -167,7 +171,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "record":
         record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts,
-               [k for k in args.sessions.split(",") if k])
+               [k for k in args.sessions.split(",") if k], args.sessions_file)
         return
     with open(args.recorded, encoding="utf-8") as f:
         data = json.load(f)

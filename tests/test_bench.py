@@ -250,3 +250,24 @@ def test_a_suite_of_your_own_from_a_yaml_file(tmp_path):
 
     shipped = load_suites([str(Path(__file__).parents[1] / "scripts" / "heldout_edit2.yaml")])  # a held-out set
     assert len(shipped) == 8 and shipped[0].suite == "edit-heldout-2"
+
+
+def test_sessions_of_your_own_from_a_yaml_file(tmp_path):
+    """A file of sessions runs with the sessions (in order, each kind's rules), not as single prompts."""
+    from pathlib import Path
+
+    from localspec.bench.suites import load_sessions, load_suites
+    from localspec.errors import LocalspecError
+
+    held_out = str(Path(__file__).parents[1] / "scripts" / "heldout_followups.yaml")
+    sessions = load_sessions([held_out])
+    assert len(sessions) == 8 and {s.kind for s in sessions} == {"follow-up"}
+    assert all(len(s.requests) == 2 for s in sessions)
+    assert load_suites(["code", held_out]) == load_suites(["code"])
+    assert len(load_sessions(["sessions", held_out])) == len(load_sessions()) + 8
+    (tmp_path / "odd.yaml").write_text("sessions:\n- kind: rerun\n  requests: [a, b]\n")
+    with pytest.raises(LocalspecError, match="Unknown session kind 'rerun'"):
+        load_sessions([str(tmp_path / "odd.yaml")])
+    (tmp_path / "bad.yaml").write_text("sessions:\n- requests: [a, b]\n")
+    with pytest.raises(LocalspecError, match="is not a sessions file"):
+        load_sessions([str(tmp_path / "bad.yaml")])

@@ -35,7 +35,7 @@ def run(entry: str, *, drafter: str, suites: list[str], max_tokens: int, repeat:
 
     drafters, every = drafters_of(drafter)
     prompts = load_suites(suites)
-    sessions = load_sessions() if SESSIONS in suites else []
+    sessions = load_sessions(suites)
     if isinstance(limit, str):  # prompt ids: run these again, with more repeats, say
         wanted = {name.strip() for name in limit.split(",") if name.strip()}
         unknown = wanted - {p.id for p in prompts} - {s.id for s in sessions}

@@ -45,15 +45,49 @@ class Session:
         return f"{self.kind}-{self.index + 1}"
 
 
-def load_sessions() -> list[Session]:
-    text = resources.files("localspec").joinpath("bench_prompts", f"{SESSIONS}.yaml").read_text()
+def load_sessions(names: Iterable[str] = (SESSIONS,)) -> list[Session]:
+    """The shipped sessions (`sessions` among `names`) and those of session files named there (a YAML
+    file with `sessions:`, as bench_prompts/sessions.yaml; scripts/heldout_followups.yaml)."""
+    out = []
+    for name in names:
+        if name == SESSIONS:
+            text = resources.files("localspec").joinpath("bench_prompts", f"{SESSIONS}.yaml").read_text()
+            out.extend(_sessions(yaml.safe_load(text)["sessions"]))
+        elif _is_file(name):
+            out.extend(_sessions_file(Path(name)))
+    return out
+
+
+def _sessions(items: list[dict]) -> list[Session]:
     counts: dict[str, int] = {}
     out = []
-    for item in yaml.safe_load(text)["sessions"]:
+    for item in items:
         kind = item["kind"]
+        if kind not in SESSION_KINDS:
+            raise LocalspecError(f"Unknown session kind '{kind}'; choose from {', '.join(SESSION_KINDS)}.")
         out.append(Session(kind, counts.get(kind, 0), tuple(item["requests"])))
         counts[kind] = counts.get(kind, 0) + 1
     return out
+
+
+def _is_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml"))
+
+
+def _sessions_file(path: Path) -> list[Session]:
+    """The sessions a suite file lists under `sessions:` (none for a file of prompts, or one that cannot
+    be read: `_suite_file` says what is wrong with it)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    if not (isinstance(data, dict) and "sessions" in data):
+        return []
+    try:
+        return _sessions(data["sessions"])
+    except (KeyError, TypeError) as e:
+        raise LocalspecError(f"{path} is not a sessions file (a list of `sessions:` with `kind` and `requests`): "
+                             f"{e}") from None
 
 
 def load_suites(names: Iterable[str]) -> list[Prompt]:
@@ -61,8 +95,9 @@ def load_suites(names: Iterable[str]) -> list[Prompt]:
     for name in names:
         if name == SESSIONS:
             continue  # run by bench_sessions
-        if name.endswith((".yaml", ".yml")):
-            prompts.extend(_suite_file(Path(name)))
+        if _is_file(name):
+            if not _sessions_file(Path(name)):  # a sessions file runs with the sessions
+                prompts.extend(_suite_file(Path(name)))
             continue
         if name not in SUITES:
             raise LocalspecError(f"Unknown suite '{name}'; choose from {', '.join((*SUITES, SESSIONS))}.")
