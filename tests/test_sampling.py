@@ -91,3 +91,21 @@ def test_sampler_seed_makes_draws_repeatable():
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 20.0])
+def test_the_best_ids_are_those_of_a_full_sort_however_spread_the_logits(scale):
+    """top_ids partitions only the logits near the best one; it must find what a sort of all finds,
+    whether few tokens lie near the best (a sharp distribution), most of them do (a flat one, every
+    margin passing too many) or some are forbidden (-inf)."""
+    from localspec.engine.constraint import top_ids
+
+    rng = np.random.default_rng(int(scale * 10))
+    for _ in range(20):
+        logits = (rng.standard_normal(5000) * scale).astype(np.float32)
+        logits[rng.choice(5000, 300, replace=False)] = -np.inf
+        for m in (1, 40, 64, 4999):
+            expected = np.argsort(-logits, kind="stable")[:m]
+            got = top_ids(logits, m)
+            assert len(got) == m and np.array_equal(np.sort(logits[got])[::-1], logits[expected])
+            assert np.all(logits[got][:-1] >= logits[got][1:])  # best first

@@ -53,12 +53,34 @@ def trigger_token(vocab: Pieces, text: str) -> int | None:
     return ids[0] if len(ids) == 1 and vocab.token_bytes(ids[0]) == text.encode() else None
 
 
-def _top(logits: np.ndarray, m: int) -> np.ndarray:
+# The m best logits lie within a few logits of the best one (m = 40 on the default target: 14 below it at
+# the median, 23 at most, over 60 positions of code and prose), so only the ids above the best minus the
+# first of these margins that lets m through are partitioned, not the whole vocabulary: np.argpartition
+# over 151,936 logits takes 1.4-1.9 ms, paid by every sampled token (a twentieth of a token's decode on
+# a 2-core CPU); a sampled token's filters and draw took 4.5 ms with it and 0.3-0.4 ms now, on those
+# positions' logits. Exact: whatever passes holds at least m tokens, so the m best are among them.
+TOP_MARGINS = (8.0, 12.0, 16.0, 24.0, 32.0)
+
+
+def top_ids(logits: np.ndarray, m: int) -> np.ndarray:
     """The m highest-scoring token ids, best first."""
-    if m >= len(logits):
+    n = len(logits)
+    if m >= n:
         return np.argsort(-logits, kind="stable")
-    top = np.argpartition(-logits, m - 1)[:m]
-    return top[np.argsort(-logits[top], kind="stable")]
+    candidates = None
+    best = float(np.max(logits))
+    for margin in TOP_MARGINS:
+        above = (logits >= best - margin).nonzero()[0]
+        if len(above) >= m:
+            candidates = above
+            break
+    if candidates is None:
+        candidates = np.arange(n)
+    if len(candidates) > m:
+        candidates = candidates[np.argpartition(-logits[candidates], m - 1)[:m]]
+    return candidates[np.argsort(-logits[candidates], kind="stable")]
+
+
 
 
 def masked(logits: np.ndarray, constraint: Constraint) -> np.ndarray:
@@ -71,7 +93,7 @@ def masked(logits: np.ndarray, constraint: Constraint) -> np.ndarray:
 
 def best_allowed(logits: np.ndarray, constraint: Constraint) -> int:
     """The highest-scoring token the constraint allows (greedy decoding under a grammar)."""
-    top = _top(logits, FIRST_LOOK)
+    top = top_ids(logits, FIRST_LOOK)
     ok = constraint.allows(top)
     if ok.any():
         return int(top[int(np.argmax(ok))])
@@ -83,7 +105,7 @@ def top_k_allowed(logits: np.ndarray, constraint: Constraint, k: int) -> np.ndar
     keep their scores, every other token is -inf. With k <= 0 (no top-k), every allowed token."""
     n = len(logits)
     if 0 < k < n:
-        top = _top(logits, min(n, max(FIRST_LOOK, 4 * k)))
+        top = top_ids(logits, min(n, max(FIRST_LOOK, 4 * k)))
         keep = top[constraint.allows(top)][:k]
         if len(keep) == k:
             out = np.full_like(logits, -np.inf)

@@ -13,7 +13,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from localspec.engine.constraint import Constraint, best_allowed, masked, top_k_allowed
+from localspec.engine.constraint import Constraint, best_allowed, masked, top_ids, top_k_allowed
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,7 @@ def _chain(logits: np.ndarray, s: SamplingSettings, infill: InfillVocab | None) 
     applied where the chain has it)."""
     steps = s.samplers or ()
     if steps and steps[0] == "top_k" and 0 < s.top_k < len(logits):  # the usual start: no full sort
-        top = np.argpartition(-logits, s.top_k - 1)[:s.top_k]
-        ids = top[np.argsort(-logits[top], kind="stable")]
+        ids = top_ids(logits, s.top_k)
     else:
         ids = np.argsort(-logits, kind="stable")
     values = logits[ids].astype(np.float64)
@@ -151,10 +150,8 @@ def filtered_probs(logits: np.ndarray, s: SamplingSettings, infill: InfillVocab 
         probs[ids] = softmax(values)
         return probs
     k = s.top_k if 0 < s.top_k < n else n
-    candidates = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+    candidates = top_ids(logits, k)
     cand_logits = logits[candidates].astype(np.float64)
-    order = np.argsort(-cand_logits, kind="stable")
-    candidates, cand_logits = candidates[order], cand_logits[order]
 
     base = softmax(cand_logits)
     keep = len(candidates)
@@ -208,7 +205,11 @@ class Sampler:
         return filtered_probs(adjusted, self.settings, self.infill)
 
     def draw(self, probs: np.ndarray) -> int:
-        return int(self.rng.choice(len(probs), p=probs / probs.sum()))
+        # Among the tokens that can be drawn (a few dozen after top-k): the same draw from the stream as
+        # over the whole vocabulary, which costs 1.1 ms for 151,936 tokens.
+        support = (probs > 0).nonzero()[0]
+        p = probs[support]
+        return int(support[self.rng.choice(len(support), p=p / p.sum())])
 
     def uniform(self) -> float:
         return float(self.rng.random())
