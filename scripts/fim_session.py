@@ -213,10 +213,12 @@ async def _chat(url: str, max_tokens: int, stop: asyncio.Event, answers: list[di
     """Chat answers streamed back to back (OpenAI's /v1/chat/completions, greedy) until `stop` is set."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=600) as client:
-        for i in range(10**6):
-            if stop.is_set():
-                return
+    for i in range(10**6):
+        if stop.is_set():
+            return
+        # A connection per answer: llama-server may close a kept-alive connection after a streamed
+        # answer, and the next request on it then fails ("Server disconnected without sending a response").
+        async with httpx.AsyncClient(timeout=600) as client:
             body = {"model": "localspec", "stream": True, "max_tokens": max_tokens, "temperature": 0,
                     "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]}]}
@@ -258,6 +260,8 @@ async def _chat_alone(url: str, max_tokens: int, answers_wanted: int) -> list[di
     stop = asyncio.Event()
     task = asyncio.create_task(_chat(url, max_tokens, stop, answers))
     while len(answers) < answers_wanted:
+        if task.done():
+            task.result()  # it failed: raise its error instead of waiting for answers that never come
         await asyncio.sleep(0.1)
     stop.set()
     await task

@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,11 +67,15 @@ def start_llama_server(entry: str, slots: int, port: int) -> subprocess.Popen:
 
 
 def _started(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # The server's log goes to a file: a pipe nobody reads fills up (llama-server logs every request) and
+    # the server blocks writing to it.
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc.log = log  # type: ignore[attr-defined]  # read back by server_log()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server ended: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            raise SystemExit(f"the server ended: {server_log(proc)[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc
@@ -79,6 +84,13 @@ def _started(cmd: list[str], port: int) -> subprocess.Popen:
         time.sleep(0.5)
     proc.kill()
     raise SystemExit("the server did not start within 300 s")
+
+
+def server_log(proc: subprocess.Popen) -> str:
+    """What the server wrote to stderr so far."""
+    log = proc.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()
 
 
 def body(trial: int, n: int, tokens: int, seed: int) -> dict:

@@ -62,20 +62,21 @@ VARIANTS = {
 }
 
 
-def localspec_plain(engine, tokens: list[int], max_tokens: int) -> float:
+def localspec_plain(engine, tokens: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0) -> float:
     from localspec.engine.events import Summary
     from localspec.engine.sampling import SamplingSettings
 
     summary = None
-    for event in engine.generate(tokens, max_tokens=max_tokens, sampling=SamplingSettings(temperature=0),
-                                 drafter="none"):
+    sampling = SamplingSettings(temperature=temperature, seed=seed)  # top-k 40, top-p 0.95, min-p 0.05: the peer's
+    for event in engine.generate(tokens, max_tokens=max_tokens, sampling=sampling, drafter="none"):
         if isinstance(event, Summary):
             summary = event
     assert summary is not None
     return summary.tokens_per_s
 
 
-def parity(engine, extra: dict, peer, prompts: list[list[int]], rounds: int, max_tokens: int) -> dict:
+def parity(engine, extra: dict, peer, prompts: list[list[int]], rounds: int, max_tokens: int,
+           temperature: float = 0.0) -> dict:
     from localspec.bench import Prompt
 
     sides = {"localspec": engine, **extra}
@@ -91,9 +92,9 @@ def parity(engine, extra: dict, peer, prompts: list[list[int]], rounds: int, max
             got = {}
             for name in order:
                 if name == "Llama":
-                    got[name] = peer.run(tokens, prompt, 0.0, r, max_tokens, is_eog).tokens_per_s
+                    got[name] = peer.run(tokens, prompt, temperature, r, max_tokens, is_eog).tokens_per_s
                 else:
-                    got[name] = localspec_plain(sides[name], tokens, max_tokens)
+                    got[name] = localspec_plain(sides[name], tokens, max_tokens, temperature, seed=r)
                 tps[name].append(got[name])
             line = "  ".join(f"{name} {got[name]:5.1f}" for name in order)
             print(f"prompt {p + 1} round {r + 1} ({' '.join(order)}): {line} tok/s", file=sys.stderr)
@@ -138,6 +139,8 @@ def main() -> None:
     ap.add_argument("--suite", default=None, help="use this bench suite's prompts instead of the held-out ones")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--variants", default="", help=f"comma-separated: {', '.join(VARIANTS)}")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (top-k 40, top-p 0.95, min-p 0.05 on both sides); 0: greedy")
     ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token comparison")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
@@ -163,7 +166,7 @@ def main() -> None:
           f"{args.tokens} tokens, {len(prompts)} prompts x {args.rounds} rounds, {os.cpu_count()} threads",
           file=sys.stderr)
     t0 = time.perf_counter()
-    result = {"parity": parity(engine, extra, peer, prompts, args.rounds, args.tokens)}
+    result = {"parity": parity(engine, extra, peer, prompts, args.rounds, args.tokens, args.temperature)}
     peer.close()
     if not args.no_ttft:
         result["ttft"] = time_to_first_token(engine, args.rounds)

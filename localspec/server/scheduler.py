@@ -62,10 +62,12 @@ class _Failed:
 _END = object()
 
 # While an answer is generated, completions run between its rounds in at most this share of the time,
-# after a first burst of this many seconds: a chat then streams at ~60% of its solo speed while an
-# editor completes as fast as alone (0.4: 51-55%). Measured: scripts/fim_session.py replay --chat
-# (docs/performance.md, "Completions while a chat streams").
-URGENT_SHARE = 0.3
+# after a first burst of this many seconds. Between a chat's answers they run first, so the chat keeps
+# less than the rest: with 0.3 it kept 58-61% of its solo speed on two 2-core EPYCs (AVX2: completions
+# p50 0.9-1.1 s; AVX-512: 0.6 s, p90 1.0-1.9 s), with 0.25 57-71% (median 66%; p50 0.65-0.68 s, p90
+# 1.7-2.5 s), with 0.4 51-55%. Measured: scripts/serve_suite.py --scenarios editor+chat
+# (docs/performance.md, "Completions while a chat streams", "The serving benchmark").
+URGENT_SHARE = 0.25
 URGENT_BURST_S = 1.0
 # The engine measures its costs again between requests (Engine.maintain) only after this many seconds
 # with none: a request arriving meanwhile waits for the batch being measured (up to ~1.5 s on a 2-core
