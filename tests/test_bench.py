@@ -264,7 +264,9 @@ def test_sessions_of_your_own_from_a_yaml_file(tmp_path):
     assert len(sessions) == 8 and {s.kind for s in sessions} == {"follow-up"}
     assert all(len(s.requests) == 2 for s in sessions)
     assert load_suites(["code", held_out]) == load_suites(["code"])
-    assert len(load_sessions(["sessions", held_out])) == len(load_sessions()) + 8
+    both = load_sessions(["sessions", held_out])
+    assert len(both) == len(load_sessions()) + 8 and len({s.id for s in both}) == len(both)  # reported apart
+    assert sessions[0].suite == "heldout_followups:follow-up" and load_sessions()[0].suite == "follow-up"
     (tmp_path / "odd.yaml").write_text("sessions:\n- kind: rerun\n  requests: [a, b]\n")
     with pytest.raises(LocalspecError, match="Unknown session kind 'rerun'"):
         load_sessions([str(tmp_path / "odd.yaml")])

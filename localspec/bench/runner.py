@@ -142,7 +142,7 @@ def bench_sessions(engine, sessions: list[Session], *, drafters: list[str], max_
                     if len(transcript) <= i:
                         transcript.append(next_messages(request, conversation, transcript))
                     messages = transcript[i]
-                    prompt = Prompt(session.kind if i else FIRST_REQUEST, session.index, session.id)
+                    prompt = Prompt(session.suite if i else FIRST_REQUEST, session.index, session.id)
                     if variant == "llama":
                         assert plain_peer is not None
                         run = plain_peer.run(engine.chat_tokens(messages), prompt, 0.0, 0, max_tokens, vocab.is_eog)

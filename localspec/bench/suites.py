@@ -39,10 +39,16 @@ class Session:
     kind: str
     index: int
     requests: tuple[Any, ...]
+    source: str = ""  # the sessions file's name, for sessions of your own ("" for the shipped ones)
+
+    @property
+    def suite(self) -> str:
+        """What its runs are reported under: the kind, apart for each file of your own."""
+        return f"{self.source}:{self.kind}" if self.source else self.kind
 
     @property
     def id(self) -> str:
-        return f"{self.kind}-{self.index + 1}"
+        return f"{self.suite}-{self.index + 1}"
 
 
 def load_sessions(names: Iterable[str] = (SESSIONS,)) -> list[Session]:
@@ -58,14 +64,14 @@ def load_sessions(names: Iterable[str] = (SESSIONS,)) -> list[Session]:
     return out
 
 
-def _sessions(items: list[dict]) -> list[Session]:
+def _sessions(items: list[dict], source: str = "") -> list[Session]:
     counts: dict[str, int] = {}
     out = []
     for item in items:
         kind = item["kind"]
         if kind not in SESSION_KINDS:
             raise LocalspecError(f"Unknown session kind '{kind}'; choose from {', '.join(SESSION_KINDS)}.")
-        out.append(Session(kind, counts.get(kind, 0), tuple(item["requests"])))
+        out.append(Session(kind, counts.get(kind, 0), tuple(item["requests"]), source))
         counts[kind] = counts.get(kind, 0) + 1
     return out
 
@@ -84,7 +90,7 @@ def _sessions_file(path: Path) -> list[Session]:
     if not (isinstance(data, dict) and "sessions" in data):
         return []
     try:
-        return _sessions(data["sessions"])
+        return _sessions(data["sessions"], path.stem)
     except (KeyError, TypeError) as e:
         raise LocalspecError(f"{path} is not a sessions file (a list of `sessions:` with `kind` and `requests`): "
                              f"{e}") from None

@@ -81,8 +81,6 @@ def top_ids(logits: np.ndarray, m: int) -> np.ndarray:
     return candidates[np.argsort(-logits[candidates], kind="stable")]
 
 
-
-
 def masked(logits: np.ndarray, constraint: Constraint) -> np.ndarray:
     """`logits` with -inf wherever the constraint forbids the token (asks about every token)."""
     allowed = constraint.allows(np.arange(len(logits)))
