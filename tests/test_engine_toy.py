@@ -216,10 +216,10 @@ def test_each_request_prices_copies_from_the_priors_again():
     the next: each request's copies start from the priors, so a bad request cannot lock the lookup
     out, and a request running beside it keeps its own record."""
     engine = _engine(draft=False, drafter="ngram")
-    first = engine.planner_for("ngram", None, prompt=[0, 20, 21, 22, 23, 20, 21, 22])
-    context = [0, 20, 21, 22, 23, 20, 21, 22]
+    first = engine.planner_for("ngram", None, prompt=[0, 20, 21, 22, 23, 24, 25])
+    context = [0, 20, 21, 22, 23, 24, 25, 20, 21, 22, 23]  # the answer copies its prompt, 4 tokens so far
     draft = first.draft(context, 8, None)
-    assert draft.tokens  # a copy of 23, 20, 21, 22...
+    assert draft.tokens  # a copy of 24, 25, 20, 21...
     first.observe(draft, 0, 0.01, len(draft.tokens) + 1, 99)
     assert any(sum(copies.tried) > 0 for copies in first.turn("ngram").acceptance.values())
     second = engine.planner_for("ngram", None, prompt=[0, 1])
@@ -418,6 +418,16 @@ def test_a_copy_is_as_old_as_its_agreement_with_the_source():
     # Eight tokens back the answer agrees with the source even beyond the 6-gram the lookup matches on.
     draft = ngram.propose(source + [10, 11, 12, 13, 14, 15, 16, 17], 2, None)
     assert draft.tokens == [18, 19] and draft.note.age == 8
+    # Only what the answer wrote counts: a follow-up's prompt ends with the template's header for the
+    # answer, which also stands before the previous answer in it, so an answer's first copy of that
+    # answer agrees with it over the header alone (it was priced as five tokens old and drafted 15 long,
+    # keeping 3-5 of them on held-out follow-ups).
+    header = [7, 8, 9]
+    previous = header + [30, 31, 32, 33, 34, 35]
+    ngram.reset(prompt_len=len(previous + [60, 61] + header))
+    first = ngram.propose(previous + [60, 61] + header, 4, None)
+    assert first.tokens == [30, 31, 32, 33] and first.note.age == 0
+    assert ngram.propose(previous + [60, 61] + header + [30, 31], 2, None).note.age == 2
     # Copies of the answer itself are told apart from copies of the prompt.
     ngram.reset(prompt_len=3)
     assert not ngram.propose(source + [13, 14, 15], 4, None).note.from_prompt

@@ -153,13 +153,16 @@ class NgramDrafter:
         return [self.replacements.get(t, t) for t in self._last_source]
 
     def _agreeing_before(self, arr: list[int], start: int) -> int:
-        """How many tokens before `start` the text's ending reproduces (through the learned renames):
-        the age of the copy. A copy that has already run long tends to keep running.
+        """How many tokens before `start` the text's ending reproduces (through the learned renames),
+        counting only tokens the answer wrote: the age of the copy. A copy that has already run long
+        tends to keep running; agreement inside the prompt says nothing of the answer (a follow-up's
+        prompt ends with the template's header for the answer, which stands before the previous answer
+        in it too: docs/tuning.md, "Copy priors").
 
         A differing token on the way may be a rename (see `_is_rename`): it is learned here, so later
         copies apply it, and the walk goes on through it."""
         n, age = len(arr), 0
-        while age < self.max_age and start - 1 - age >= 0:
+        while age < self.max_age and start - 1 - age >= 0 and n - 1 - age >= self.prompt_len:
             source, written = int(arr[start - 1 - age]), int(arr[n - 1 - age])
             if self.replacements.get(source, source) != written and source != written:
                 if not self._is_rename(arr, start - 1 - age, n - 1 - age, agreeing_after=age):
