@@ -482,6 +482,22 @@ def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     assert flat.draft(source + [100, 101, 102], room=100, sampler=None).tokens == []
 
 
+def test_an_old_copy_drafts_at_a_requests_first_chance_on_a_steep_avx2_shape():
+    """A copy 10 or more tokens old is priced by a prior measured over many requests, so it needs the
+    margin of a measured rate, not of a guess: on this shape (an AVX2 build on a 2-core EPYC, 2026-12-03) a margin
+    for no evidence priced every copy out, no request ever drafted, and no record could ever grow."""
+    from localspec.engine.drafters import CopyDrafter
+    from localspec.engine.speculative import Drafting
+
+    steep = CostModel({1: 1.0, 2: 1.70, 3: 2.45, 4: 3.04, 6: 4.59, 8: 8.82, 12: 10.0, 16: 10.84})
+    source = list(range(100, 140))
+    drafting = Drafting(steep, [CopyDrafter()], learn_costs=False)
+    old = drafting.planner(source, "ngram").draft(source + list(range(100, 112)), room=100, sampler=None)
+    assert old.note.age == 12 and 1 <= len(old.tokens) <= 5    # short: long batches cost 9-11x one here
+    resumed = drafting.planner(source, "ngram").draft(source + list(range(100, 106)), room=100, sampler=None)
+    assert resumed.tokens == []                                # age 6: may be a copy resumed after an edit
+
+
 def test_answers_open_the_way_other_conversations_answers_opened():
     from localspec.engine.drafters import OpeningDrafter
 

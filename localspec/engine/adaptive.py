@@ -248,6 +248,9 @@ ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
 # copy), 2 for younger ones (whether a fresh match holds depends on the request, so their record must
 # move their price within a few drafts). docs/tuning.md, "Prior weights".
 COPY_PRIOR_STRENGTHS = tuple(16.0 if age >= 5 else 2.0 for age in AGE_CLASSES)
+# From this age a copy's prior (0.96 of a prompt's copy: 90-100% measured on edits) is as good as a
+# measured rate for the margin a draft must promise (`CopyAcceptance.evidence`).
+MEASURED_FROM_AGE = 10
 
 
 # Copies of an earlier request (the "history" drafter) by age: there the age counts the prompt too, so a
@@ -305,6 +308,14 @@ class CopyAcceptance:
 
     def samples(self, age: int) -> float:
         return self.tried[self._class(age)]
+
+    def evidence(self, age: int) -> float:
+        """Copied tokens the price of this age rests on, for `margin_for`: its record, and from
+        `MEASURED_FROM_AGE` on its prior's weight too. Counted as nothing there, no copy paid the
+        margin of a guess on a steep AVX2 table and none was ever drafted; counted for younger copies
+        (resumed after an edit point at 5-9), it cost edits on AVX-512 (docs/tuning.md, "Margins")."""
+        c = self._class(age)
+        return self.tried[c] + (self._strengths[c] if self.classes[c] >= MEASURED_FROM_AGE else 0.0)
 
     def forget(self) -> None:
         self.tried = [0.0] * len(self.classes)

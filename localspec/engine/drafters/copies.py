@@ -67,7 +67,7 @@ class CopyTurn(Turn):
         copy = copy_of(proposal)
         copies = self.acceptance[copy.from_prompt]
         rates = copies.rates(copy.age, len(proposal.tokens))
-        return Offer(*best_length(rates, plan.cost, 0.0, margin_for(copies.samples(copy.age))), proposal, rates)
+        return Offer(*best_length(rates, plan.cost, 0.0, margin_for(copies.evidence(copy.age))), proposal, rates)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         copy = copy_of(draft)
