@@ -7,7 +7,7 @@ costs the recorded price of verifying its batch. On the edit suite the replay pr
 `localspec bench` measured 1.39x (two repeats, AVX-512 build): use it to rank ideas, and the bench
 to measure them; check an idea on `--prompts scripts/heldout_edit.yaml` too, edits nothing was tuned
 on. It replays n-gram drafting only (copies, renames, session openings), which is all that pays on a
-CPU.
+CPU, and copies of a session's earlier requests (the history drafter) where the recording has them.
 
     python scripts/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
     python scripts/replay_planner.py replay answers.json
@@ -16,22 +16,31 @@ CPU.
     python scripts/replay_planner.py replay followup.json --oracle
     python scripts/replay_planner.py record qwen2.5-coder-1.5b heldout-followup.json --sessions follow-up \
         --sessions-file scripts/heldout_followups.yaml
+    python scripts/replay_planner.py record qwen2.5-coder-1.5b retellings.json --sessions quote,tool-output \
+        --sessions-file scripts/heldout_retellings.yaml
     .venv-avx2/bin/python scripts/replay_planner.py record qwen2.5-coder-1.5b edit-avx2.json --suite edit
     python scripts/replay_planner.py replay answers.json --costs edit-avx2.json --oracle
 
 `--sessions follow-up` records the bench's follow-up sessions: the second request's prompt is the
 conversation with the first answer in it, as `localspec bench --suite sessions` sends it (any session
-kind: `quote` and `tool-output` start a new conversation). The replay drafts from the request itself
-only, not from the history of earlier requests. `--costs` prices the
+kind: `quote` and `tool-output` start a new conversation), with the session's first request and answer:
+its replay drafts from them too (the history drafter, holding what the bench's pass holds); older
+recordings have none and replay copies of the request itself. `--costs` prices the
 replay with another recording's verify costs (record once with an AVX2 build, `LOCALSPEC_CMAKE_ARGS`
 without the AVX-512 flags, and once with the default one; replay every recording at both). `--oracle`
 also prints what perfect knowledge would reach: every round drafts exactly the copy that the answer
 goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has.
+`--age-bound` prints what drafting by copy age reaches with hindsight: every fixed draft length per
+age class (prompt copies 0-4, 5-9 and 10+ tokens old, answer copies 10+), the best for each suite
+chosen on the very answers it is scored on. A yardstick, not a proof: the planner also learns within
+a request. Where it stays well below a target, pricing by age is unlikely to reach it: the copies'
+breaks there are not told by their age.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -40,7 +49,10 @@ import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import measure_costs
-from localspec.engine.drafters import CopyDrafter, NgramDrafter, OpeningDrafter
+from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter, OpeningDrafter
+from localspec.engine.drafters.base import Draft
+from localspec.engine.drafters.ngram import copy_of
+from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.speculative import Drafting
 
 
@@ -58,12 +70,14 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
             "verify_s": {}, "answers": []}
     greedy = SamplingSettings(temperature=0)
     conversations: list[tuple[str, str, list[dict]]] = []  # (id, suite, messages before the recorded answer)
+    earlier: dict[str, list[list[int]]] = {}  # a session's earlier requests (prompt and answer), as history holds them
     if sessions:
         for session in load_sessions([sessions_file] if sessions_file else ["sessions"]):
             if session.kind in sessions:  # the first answer, then the second request as the bench sends it
                 first = [{"role": "user", "content": session.requests[0]}]
-                answer = list(engine.chat(first, max_tokens=max_tokens, sampling=greedy, drafter="none"))[-1].text
-                conversation = [*first, {"role": "assistant", "content": answer}]
+                events = list(engine.chat(first, max_tokens=max_tokens, sampling=greedy, drafter="none"))
+                conversation = [*first, {"role": "assistant", "content": events[-1].text}]
+                earlier[session.id] = [[*engine.chat_tokens(first), *answer_tokens(events)]]
                 conversations.append((session.id, session.kind,
                                       next_messages(session.requests[1], conversation, [first])))
     else:
@@ -76,7 +90,8 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
     for ident, suite, messages in conversations:
         events = list(engine.chat(messages, max_tokens=max_tokens, sampling=greedy, drafter="none"))
         data["answers"].append({"id": ident, "suite": suite, "prompt": engine.chat_tokens(messages),
-                                "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog"})
+                                "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog",
+                                "earlier": earlier.get(ident, [])})
         print(f"{ident}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
     data["verify_s"] = measure_costs(engine.target, context_tokens=200, repeats=3)
     with open(out, "w", encoding="utf-8") as f:
@@ -100,12 +115,20 @@ def replay(data: dict) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     control = set(data["control"])
-    drafting = Drafting(CostModel(dict(costs)), [CopyDrafter(control.__contains__, OpeningDrafter())], learn_costs=False)
+    copies = CopyDrafter(control.__contains__, OpeningDrafter())
+    drafting = Drafting(CostModel(dict(costs)), [copies], learn_costs=False)
     price = CostModel(dict(costs))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
+        drafting.drafters = [copies]
         drafting.planner(item["prompt"], "ngram").finish(item["answer"])  # the plain run comes first, as in the bench
-        planner = drafting.planner(item["prompt"], "ngram")
+        if item.get("earlier"):  # the session's earlier requests, as the history drafter holds them in the bench
+            history = HistoryDrafter(SuffixIndex())
+            for text in item["earlier"]:
+                history.index.add(text)
+            history.recording = False
+            drafting.drafters = [copies, history]
+        planner = drafting.planner(item["prompt"], "auto")
         truth = _truth(data, item)
         context, seconds = list(item["prompt"]), 0.0
         while len(context) - len(item["prompt"]) < len(truth):
@@ -148,6 +171,59 @@ def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
     return speedups
 
 
+# The age classes and lengths `age_bound` tries (288 choices, ~15 s a recording). Younger copies get
+# few: with prompt copies 0-4 tokens old tried at up to 15 and answer copies 0-9 at up to 3, the best
+# drafted neither on the edit, held-out and follow-up recordings at the AVX2 and AVX-512 tables checked.
+BOUND_LENGTHS = {(True, 5): (0, 1, 2, 3, 5, 7, 11, 15), (True, 10): (1, 2, 3, 5, 7, 11, 15, 23, 31),
+                 (True, 0): (0, 1), (False, 10): (0, 1, 3, 7)}
+AGE_CLASS_NAMES = {(True, 0): "prompt 0-4", (True, 5): "prompt 5-9", (True, 10): "prompt 10+",
+                   (False, 10): "answer 10+"}
+
+
+def _fixed_lengths(data: dict, item: dict, lengths: dict[tuple[bool, int], int], price: CostModel) -> float:
+    """One answer's speedup drafting copies of each (prompt copy, age class) at a fixed length."""
+    lookup = NgramDrafter(ends_copy=set(data["control"]).__contains__)
+    lookup.reset(prompt_len=len(item["prompt"]))
+    truth = _truth(data, item)
+    context, seconds, at = list(item["prompt"]), 0.0, 0
+    while at < len(truth):
+        proposal, k = lookup.propose(context, 63), 0
+        if proposal.tokens:
+            copy = copy_of(proposal)
+            age_class = 10 if copy.age >= 10 else 5 if copy.age >= 5 and copy.from_prompt else 0
+            k = min(lengths.get((copy.from_prompt, age_class), 0), len(proposal.tokens))
+            while k and k + 1 not in price.verify_s:
+                k -= 1
+        tokens = proposal.tokens[:k]
+        kept = _kept(tokens, truth, at)
+        token = truth[at + kept] if at + kept < len(truth) else None
+        seconds += price.verify(k + 1)
+        if k:
+            lookup.observe(Draft(tokens=tokens, source="ngram", evidence=proposal.evidence, note=proposal.note),
+                           kept, token)
+        context.extend(truth[at:at + kept + 1])
+        at += kept + 1
+    return len(truth) * price.verify(1) / seconds
+
+
+def age_bound(data: dict) -> dict[str, tuple[dict, list[float]]]:
+    """For each suite, the fixed lengths per copy age class (BOUND_LENGTHS) whose speedups have the best
+    median over that suite's answers (then the best mean), with those speedups."""
+    price = CostModel({int(n): s for n, s in data["verify_s"].items()})
+    keys = list(BOUND_LENGTHS)
+    best: dict[str, tuple[tuple[float, float], dict, list[float]]] = {}
+    for choice in itertools.product(*(BOUND_LENGTHS[k] for k in keys)):
+        lengths = dict(zip(keys, choice))
+        by_suite: dict[str, list[float]] = {}
+        for item in data["answers"]:
+            by_suite.setdefault(item["suite"], []).append(_fixed_lengths(data, item, lengths, price))
+        for suite, values in by_suite.items():
+            score = (statistics.median(values), statistics.mean(values))
+            if suite not in best or score > best[suite][0]:
+                best[suite] = (score, lengths, values)
+    return {suite: (lengths, values) for suite, (_score, lengths, values) in best.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +241,8 @@ def main() -> None:
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
+    rep.add_argument("--age-bound", action="store_true", help="also print the best fixed draft length per copy "
+                     "age class, chosen with hindsight: the most a planner pricing copies by age can reach")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")
@@ -186,6 +264,11 @@ def main() -> None:
             print(f"{label:8} {suite:10} median {statistics.median(values):.2f}x  "
                   f"(min {min(values):.2f}, max {max(values):.2f}, mean {statistics.mean(values):.2f}, "
                   f"{len(values)} answers)" + (": " + " ".join(f"{v:.2f}" for v in values) if args.each else ""))
+    if args.age_bound:
+        for suite, (lengths, values) in age_bound(data).items():
+            named = ", ".join(f"{AGE_CLASS_NAMES[key]} {k}" for key, k in lengths.items())
+            print(f"{'by age':8} {suite:10} median {statistics.median(values):.2f}x  (min {min(values):.2f}, "
+                  f"max {max(values):.2f}, mean {statistics.mean(values):.2f}; lengths {named})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""scripts/replay_planner.py's bound for planners that price copies by their age, on a hand-priced answer."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "replay_planner.py"
+CONTROL, HEADER = 999, 500
+COSTS = {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0, 6: 2.5, 8: 3.0, 12: 3.5, 16: 4.0, 24: 5.0, 32: 6.0}
+
+
+@pytest.fixture(scope="module")
+def replay_planner():
+    spec = importlib.util.spec_from_file_location("replay_planner", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recording(answer: list[int]) -> dict:
+    """A prompt of 40 distinct tokens, its turn's end and the answer's header; the answer as given."""
+    prompt = [*range(10, 50), CONTROL, HEADER]
+    return {"eos": 998, "control": [CONTROL], "verify_s": {str(n): s for n, s in COSTS.items()},
+            "answers": [{"id": "copy", "suite": "edit", "prompt": prompt, "answer": answer, "ended": False}]}
+
+
+def test_fixed_lengths_by_age_price_a_whole_copy_round_by_round(replay_planner):
+    data = recording(list(range(10, 50)))  # the prompt's text copied whole
+    price = replay_planner.CostModel(dict(COSTS))
+    lengths = {(True, 0): 1, (True, 5): 3, (True, 10): 15, (False, 10): 0}
+    # Rounds: the first token plain (nothing before it to copy: 1.0); the copy at age 1 and at age 3 one
+    # token each (1.5 + 1.5); at ages 5 and 9 three (2.0 + 2.0); at age 13 fifteen (4.0); at age 29 the
+    # rest, 11 tokens and the turn's end, drafted at the longest measured length within it, 11 (3.5).
+    assert replay_planner._fixed_lengths(data, data["answers"][0], lengths, price) == pytest.approx(40 / 15.5)
+    nothing = {key: 0 for key in lengths}
+    assert replay_planner._fixed_lengths(data, data["answers"][0], nothing, price) == pytest.approx(1.0)
+
+
+def test_the_age_bound_is_the_best_of_the_fixed_lengths_it_tries(replay_planner):
+    edited = [*range(10, 30), 77, *range(31, 50)]  # one token of the copy replaced by the answer's own
+    data = recording(edited)
+    price = replay_planner.CostModel(dict(COSTS))
+    lengths, speedups = replay_planner.age_bound(data)["edit"]
+    assert speedups == [pytest.approx(replay_planner._fixed_lengths(data, data["answers"][0], lengths, price))]
+    for tried in ({(True, 0): 1, (True, 5): 3, (True, 10): 15, (False, 10): 0},
+                  {(True, 0): 0, (True, 5): 0, (True, 10): 1, (False, 10): 0}):
+        assert speedups[0] >= replay_planner._fixed_lengths(data, data["answers"][0], tried, price) - 1e-9
+    # The edit costs the copy one round: still better than the whole copy drafted three tokens at a time.
+    assert speedups[0] > 40 / (1.0 + 10 * 2.0)
+
+
+def test_a_session_recording_replays_drafts_from_its_earlier_request(replay_planner):
+    """A new conversation retelling an earlier answer: only the history drafter can copy it, and the replay
+    holds the session's earlier request as the bench's pass does."""
+    answer = list(range(10, 50))
+    earlier = [*range(100, 120), CONTROL, HEADER, *answer]
+    data = recording(answer)
+    data["answers"][0].update(prompt=[*range(100, 118), 77, CONTROL, HEADER], suite="quote")
+    assert replay_planner.replay(data)["quote"] == [pytest.approx(1.0)]  # nothing in the request to copy
+    data["answers"][0]["earlier"] = [earlier]
+    assert replay_planner.replay(data)["quote"][0] > 1.5
