@@ -267,6 +267,9 @@ def test_sessions_of_your_own_from_a_yaml_file(tmp_path):
     both = load_sessions(["sessions", held_out])
     assert len(both) == len(load_sessions()) + 8 and len({s.id for s in both}) == len(both)  # reported apart
     assert sessions[0].suite == "heldout_followups:follow-up" and load_sessions()[0].suite == "follow-up"
+    retellings = load_sessions([str(Path(held_out).with_name("heldout_retellings.yaml"))])
+    assert [s.kind for s in retellings] == ["quote"] * 4 + ["tool-output"] * 4
+    assert all(isinstance(s.requests[1], dict) for s in retellings)  # each second request a new conversation
     (tmp_path / "odd.yaml").write_text("sessions:\n- kind: rerun\n  requests: [a, b]\n")
     with pytest.raises(LocalspecError, match="Unknown session kind 'rerun'"):
         load_sessions([str(tmp_path / "odd.yaml")])
