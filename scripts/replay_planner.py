@@ -242,7 +242,7 @@ def main() -> None:
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
     rep.add_argument("--age-bound", action="store_true", help="also print the best fixed draft length per copy "
-                     "age class, chosen with hindsight: the most a planner pricing copies by age can reach")
+                     "age class, chosen with hindsight: a yardstick for pricing copies by age")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")

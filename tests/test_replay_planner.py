@@ -1,4 +1,5 @@
-"""scripts/replay_planner.py's bound for planners that price copies by their age, on a hand-priced answer."""
+"""scripts/replay_planner.py on hand-made recordings: fixed lengths by copy age priced round by round, the
+best of them in hindsight, and a session's earlier request replayed through the history drafter."""
 
 import importlib.util
 from pathlib import Path
