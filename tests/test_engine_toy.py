@@ -615,7 +615,7 @@ def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path, m
             clock[0] += 0.01 * len(tokens)
 
         def truncate(self, n_keep):
-            pass
+            return n_keep
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
@@ -658,7 +658,7 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
                 self.now += settled[n] * (3.0 if self.now < 10.0 else 1.0)  # the first seconds: 3x slower
 
         def truncate(self, n_keep):
-            pass
+            return n_keep
 
     model = Warming()
     assert measure_costs(model, sizes=tuple(settled), repeats=3, clock=lambda: model.now) == settled

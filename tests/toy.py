@@ -170,8 +170,14 @@ class ToyModel:
         noise = np.random.default_rng([prefix[-1], p2]).uniform(-1, 1, self.n_vocab) * self.batch_noise
         return noise.astype(np.float32)
 
-    def truncate(self, n_keep: int, seq: int = 0) -> None:
+    max_rollback: int | None = None  # any position can be dropped (a recurrent toy sets a limit)
+
+    def truncate(self, n_keep: int, seq: int = 0) -> int:
         del self.seqs[seq][n_keep:]
+        return len(self.seqs[seq])
+
+    def checkpoint(self, seq: int = 0) -> None:
+        pass  # every position can be dropped
 
     can_shift = True
 

@@ -45,6 +45,13 @@ class EngineOptions:
     cache_reuse: int = 0             # reuse cached runs of at least this many tokens that moved (0: prefix only)
 
 
+def plain_only_warning(target: LanguageModel) -> str:
+    """Why a target whose recurrent state cannot be rolled back decodes without drafts."""
+    architecture = target.meta("general.architecture") or "this architecture"
+    return (f"{architecture} keeps a recurrent state that llama.cpp cannot roll back token by token: "
+            "answers are decoded plainly, without drafts.")
+
+
 class Engine:
     """A target model, an optional draft model, and the loop between them. One generation at a time."""
 
@@ -111,7 +118,10 @@ class Engine:
     @property
     def warnings(self) -> list[str]:
         """Problems met at load that the user should hear about (a stored history ignored, say)."""
-        return [d.warning for d in self._drafters if d.warning]
+        warnings = [d.warning for d in self._drafters if d.warning]
+        if self.target.max_rollback == 0:
+            warnings.append(plain_only_warning(self.target))
+        return warnings
 
     @property
     def baseline_tokens_per_s(self) -> float:

@@ -188,11 +188,16 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     filler = [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(context_tokens + max(sizes))]
     fits = [n for n in sizes if context_tokens + n <= model.n_ctx]
     passes: dict[int, list[float]] = {n: [] for n in fits}
+
+    def back_to_context() -> None:
+        if model.truncate(context_tokens) < context_tokens:  # a recurrent state that cannot go back
+            model.decode(filler[:context_tokens], 0, [])
+
     try:
         model.truncate(0)
         model.decode(filler[:context_tokens], 0, [context_tokens - 1])
         model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up
-        model.truncate(context_tokens)
+        back_to_context()
         for _ in range(repeats):
             for n in fits:
                 if interrupt():
@@ -201,7 +206,7 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
                 t0 = clock()
                 model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
                 passes[n].append(clock() - t0)
-                model.truncate(context_tokens)
+                back_to_context()
     finally:
         model.truncate(0)
     return passes

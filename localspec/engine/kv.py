@@ -39,10 +39,20 @@ class KvSequence:
     def room(self) -> int:
         return self.model.n_ctx - len(self.tokens)
 
+    def draft_room(self) -> int:
+        """Draft tokens a verify may add after the pending one: what fits the context, and what a
+        recurrent state can take back if all are rejected."""
+        room = self.room() - 1
+        limit = self.model.max_rollback
+        return room if limit is None else min(room, limit)
+
     def rewind(self, n_keep: int) -> None:
         if n_keep < len(self.tokens):
-            self.model.truncate(n_keep, seq=self.seq)
-            del self.tokens[n_keep:]
+            held = self.model.truncate(n_keep, seq=self.seq)
+            replay = self.tokens[held:n_keep]  # a recurrent state that could not go back is rebuilt
+            del self.tokens[held:]
+            if replay:
+                self.extend(replay)
 
     def extend(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
         logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for), seq=self.seq)
@@ -83,6 +93,10 @@ class KvSequence:
             del self.tokens[n:moved]
             n += common_prefix(self.tokens[n:], prompt[n:])
         return n
+
+    def checkpoint(self) -> None:
+        """What it holds now is a point `rewind` can go back to at once (a recurrent state's checkpoint)."""
+        self.model.checkpoint(self.seq)
 
     def copy_from(self, other: "KvSequence") -> None:
         """Hold exactly what `other` holds (a prompt evaluated once, shared by several completions)."""

@@ -180,7 +180,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     offered: dict[int, tuple[Draft, list[float]]] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
-            draft, chances = lane.planner.shared_offer(lane.context, lane.kv.room() - 1, lane.request.constraint)
+            draft, chances = lane.planner.shared_offer(lane.context, lane.kv.draft_room(), lane.request.constraint)
             if draft.tokens:
                 offered[i] = (draft, chances)
     if not offered:

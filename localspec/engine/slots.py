@@ -98,4 +98,5 @@ class Slots:
         """`place`, then the rest of the prompt but its last token evaluated at once."""
         kv, keep = self.place(prompt)
         kv.extend(prompt[keep:-1])
+        kv.checkpoint()  # a follow-up's prompt parts from this one at its end at the earliest
         return kv, keep

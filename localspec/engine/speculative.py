@@ -62,7 +62,7 @@ def speculate(target: KvSequence, context: list[int], planner: "Planner", sample
 def speculative_round(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
                       constraint: Constraint | None = None) -> Step | None:
     """One round of `speculate` (the same invariant before and after); None when the context is full."""
-    room = target.room() - 1  # positions left for draft tokens after the pending one
+    room = target.draft_room()  # draft tokens the round may verify after the pending one
     if room < 0:
         return None
     proposal = propose(context, room, planner, sampler, constraint)

@@ -18,6 +18,11 @@ from localspec.engine.constraint import trigger_token
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
+# A recurrent state's checkpoints kept per sequence (llama-server's context checkpoints), the newest: taken
+# after each prompt evaluation (`checkpoint`), so a follow-up whose prompt parts from the cache inside the
+# last answer restarts from the prompt's end instead of from the first token. Each holds one copy of the
+# recurrent state.
+CHECKPOINTS_PER_SEQ = 3
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 MAX_LOGITS_PER_CALL = 64
 
@@ -42,6 +47,9 @@ class ModelOptions:
     tensor_split: tuple[float, ...] = ()  # share of the layers on each of `devices`; () = by their free memory
     placement: str = ""               # where the layers are, for cache keys: "" local, "rpc:HOST:PORT,…"
     kv_unified: bool = False          # one KV buffer for all sequences (scripts/batch_shape_costs.py --unified)
+    rollback: int = 8                 # recurrent/hybrid targets: snapshots of each sequence's state kept per decode,
+                                      # so a verify can drop up to this many draft tokens (llama.cpp's n_rs_seq); the
+                                      # longest draft such a target is sent. Each costs one more copy of the state.
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -246,12 +254,11 @@ class Model(_Metadata):
         self.n_layer = L.llama_model_n_layer(self._model)
         self.size_bytes = L.llama_model_size(self._model)
         self.n_params = L.llama_model_n_params(self._model)
-        if L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model):
-            self.close()
-            raise ModelFileError(
-                f"{self.path.name} is a recurrent/hybrid model; its state cannot be rolled back token by "
-                "token, which speculative decoding needs."
-            )
+        self.architecture = self.meta("general.architecture") or "unknown"
+        # Recurrent layers (Mamba, LFM2's short convolutions, Qwen3.5's delta net) keep one state per
+        # sequence, not one entry per position: a position can be removed only while llama.cpp still holds
+        # a snapshot from before it (n_rs_seq), and only for the architectures it keeps them for.
+        self.recurrent = bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
 
         n_ctx = min(self.options.n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else self.options.n_ctx
         cparams = L.llama_context_default_params()
@@ -268,6 +275,10 @@ class Model(_Metadata):
         cparams.n_threads_batch = self.options.threads()
         cparams.no_perf = True
         cparams.flash_attn_type = self.options.attention_type()
+        if self.recurrent:
+            # llama.cpp keeps a verify's last n_rs_seq + 1 tokens in one micro-batch, so the snapshots hold
+            cparams.n_rs_seq = max(0, self.options.rollback)
+            cparams.n_ubatch = max(cparams.n_ubatch, cparams.n_rs_seq + 1)
         mark = problems_mark()
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -279,6 +290,11 @@ class Model(_Metadata):
         self.n_batch = L.llama_n_batch(self._ctx)
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        # How many of its last positions a sequence can drop (None: any). A recurrent state rolls back
+        # only within the tokens of the decode that wrote it, once (`_removable`).
+        self.max_rollback: int | None = L.llama_n_rs_seq(self._ctx) if self.recurrent else None
+        self._removable = [0] * self.n_seq  # per sequence: positions its last decode lets it drop
+        self._checkpoints: list[list[tuple[int, ctypes.Array]]] = [[] for _ in range(self.n_seq)]
 
     # --- metadata
 
@@ -328,6 +344,7 @@ class Model(_Metadata):
                 raise ContextOverflowError(f"The KV cache of {self.path.name} is full ({self.n_ctx} tokens).")
             if rc != 0:
                 raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
+            self._removable[seq] = len(chunk) - 1
             for j in outputs:
                 logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
                 for row in rows_of[chunk_start + j]:
@@ -367,6 +384,8 @@ class Model(_Metadata):
             raise ContextOverflowError(f"The KV cache of {self.path.name} is full.")
         if rc != 0:
             raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
+        for seq, tokens, _start, _outputs in parts:
+            self._removable[seq] = len(tokens) - 1
         return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
                           for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
 
@@ -377,12 +396,55 @@ class Model(_Metadata):
             return
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        self._removable[dst] = 0
+        self._checkpoints[dst] = []
 
-    def truncate(self, n_keep: int, seq: int = 0) -> None:
-        """Forget every position >= n_keep of sequence `seq`."""
+    def checkpoint(self, seq: int = 0) -> None:
+        """Keep the recurrent state of `seq` as it is now, for a later `truncate` that goes back further
+        than its snapshots; nothing for a model without recurrent layers."""
+        if not self.recurrent:
+            return
+        pos = L.llama_memory_seq_pos_max(self._memory, seq) + 1
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent layers only: attention keeps every position
+        size = L.llama_state_seq_get_size_ext(self._ctx, seq, flags)
+        data = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data_ext(self._ctx, data, size, seq, flags) != size:
+            return
+        kept = [c for c in self._checkpoints[seq] if c[0] < pos]
+        self._checkpoints[seq] = (kept + [(pos, data)])[-CHECKPOINTS_PER_SEQ:]
+
+    def _restore(self, seq: int, n_keep: int) -> int:
+        """The newest checkpoint at or before `n_keep` put back; returns its position (0: none)."""
+        self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]
+        while self._checkpoints[seq]:
+            pos, data = self._checkpoints[seq][-1]
+            flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if (L.llama_state_seq_set_data_ext(self._ctx, data, len(data), seq, flags) == len(data)
+                    and L.llama_memory_seq_rm(self._memory, seq, pos, -1)):
+                return pos
+            self._checkpoints[seq].pop()
+        L.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        return 0
+
+    def truncate(self, n_keep: int, seq: int = 0) -> int:
+        """Forget every position >= n_keep of sequence `seq`; returns how many positions it holds after.
+
+        That is `n_keep`, except for a recurrent state that cannot go back that far (more than the last
+        decode's snapshots, or a second time since it): it goes back to its newest checkpoint at or before
+        `n_keep` and returns that position (0: none, the sequence is emptied)."""
+        if self.recurrent:
+            held = L.llama_memory_seq_pos_max(self._memory, seq) + 1
+            if n_keep >= held:
+                return held
+            removable, self._removable[seq] = self._removable[seq], 0  # llama.cpp restores one snapshot per decode
+            if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
+                self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]
+                return n_keep
+            return self._restore(seq, n_keep)
         if not L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
+        return n_keep
 
     @property
     def build(self) -> str:
@@ -390,8 +452,9 @@ class Model(_Metadata):
 
     @property
     def can_shift(self) -> bool:
-        """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model."""
-        return bool(L.llama_memory_can_shift(self._memory))
+        """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model, and
+        never past a recurrent state (it would still hold the tokens cut out)."""
+        return not self.recurrent and bool(L.llama_memory_can_shift(self._memory))
 
     def cut(self, p0: int, p1: int, seq: int = 0) -> None:
         """Remove positions p0..p1-1 of sequence `seq` and move every later one down by p1 - p0 (their
@@ -403,6 +466,8 @@ class Model(_Metadata):
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
+        self._removable = [0] * self.n_seq
+        self._checkpoints = [[] for _ in range(self.n_seq)]
 
     # --- lifetime
 

@@ -1,0 +1,209 @@
+"""Write a small GGUF with random weights of a model family no shipped file has (hybrid and recurrent
+targets), carrying a real tokenizer and chat template copied from another GGUF, so that text prompts and
+chats work end to end.
+
+    python scripts/random_gguf.py lfm2 OUT.gguf --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf
+
+The tensors and hyperparameters each architecture needs are those llama.cpp's loader asks for
+(`src/models/<arch>.cpp`, `load_arch_hparams` and `load_arch_tensors`, in the llama.cpp that
+llama-cpp-python 0.3.36 vendors); its `tests/test-llama-archs.cpp` writes the same kind of file with a
+dummy tokenizer. Weights are float32 drawn from N(0, stdev) with a fixed seed, so a file is the same
+every time; the answers are gibberish, but every decode is the architecture's real computation.
+
+Architectures:
+- `lfm2`: LiquidAI's LFM2, short convolutions with attention every third layer (recurrent state that
+  llama.cpp can roll back a few tokens with `n_rs_seq`).
+- `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    ssm_state: int = 32   # qwen35: the head size of the delta net's keys and values
+    ssm_heads: int = 2    # qwen35: value heads (and key groups)
+
+
+SHAPES = {
+    "tiny": Shape(n_embd=64, n_ff=128, n_layer=4, n_head=2, n_head_kv=1),
+}
+ARCHS = ("lfm2", "qwen35")
+
+
+class _Tensors:
+    """Random float32 tensors, named and shaped as llama.cpp reads them ({ne0, ne1}: numpy's reversed)."""
+
+    def __init__(self, writer: gguf.GGUFWriter, seed: int, stdev: float, noise: float = 0.0):
+        self.writer = writer
+        self.rng = np.random.default_rng(seed)
+        self.stdev = stdev
+        self.noise = noise  # a second draw on top: a "draft" that agrees with the seed's model only partly
+        self.noise_rng = np.random.default_rng([seed, 1])
+
+    def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False) -> None:
+        shape = tuple(reversed(ne))
+        if ones:  # norms: random scales would only make the gibberish louder
+            data = np.ones(shape, dtype=np.float32)
+        else:
+            data = self.rng.normal(0.0, self.stdev, size=shape).astype(np.float32)
+            if self.noise:
+                data += self.noise_rng.normal(0.0, self.noise, size=shape).astype(np.float32)
+        if negative:  # a state's decay must be negative (llama.cpp's test writes -|x| too)
+            data = -np.abs(data)
+        self.writer.add_tensor(name, data)
+
+
+def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
+    """Every `tokenizer.*` key of `source` (chat template included); returns the vocabulary's size."""
+    reader = gguf.GGUFReader(source)
+    n_vocab = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        main = field.types[0]
+        if main == gguf.GGUFValueType.ARRAY:
+            writer.add_array(key, value)
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        elif main == gguf.GGUFValueType.STRING:
+            writer.add_string(key, value)
+        else:
+            writer.add_key_value(key, value, main)
+    if not n_vocab:
+        raise SystemExit(f"{source} has no tokenizer.ggml.tokens to copy")
+    return n_vocab
+
+
+def _lfm2(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
+    attention = [i % 3 == 2 for i in range(s.n_layer)]  # LFM2 puts attention between short convolutions
+    w.add_uint32("lfm2.attention.head_count", s.n_head)  # a layer without kv heads is a convolution
+    w.add_array("lfm2.attention.head_count_kv", [s.n_head_kv if a else 0 for a in attention])
+    w.add_uint32("lfm2.shortconv.l_cache", 3)
+    head = s.n_embd // s.n_head
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("token_embd_norm.weight", s.n_embd, ones=True)  # LFM2's output norm keeps this name
+    for i, is_attention in enumerate(attention):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
+        t.add(p + "ffn_norm.weight", s.n_embd, ones=True)
+        t.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
+        t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
+        t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        if is_attention:
+            t.add(p + "attn_q_norm.weight", head, ones=True)
+            t.add(p + "attn_k_norm.weight", head, ones=True)
+            t.add(p + "attn_q.weight", s.n_embd, s.n_embd)
+            t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+            t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+            t.add(p + "attn_output.weight", s.n_embd, s.n_embd)
+        else:
+            t.add(p + "shortconv.conv.weight", 3, s.n_embd)
+            t.add(p + "shortconv.in_proj.weight", s.n_embd, 3 * s.n_embd)
+            t.add(p + "shortconv.out_proj.weight", s.n_embd, s.n_embd)
+
+
+def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
+    interval = 4  # full attention every fourth layer, as the released Qwen3.5 models
+    head = s.n_embd // s.n_head
+    key_dim = value_dim = s.ssm_state * s.ssm_heads
+    w.add_uint32("qwen35.attention.head_count", s.n_head)
+    w.add_uint32("qwen35.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32("qwen35.full_attention_interval", interval)
+    w.add_array("qwen35.rope.dimension_sections", [head // 4] * 4)
+    w.add_uint32("qwen35.ssm.conv_kernel", 4)
+    w.add_uint32("qwen35.ssm.inner_size", value_dim)
+    w.add_uint32("qwen35.ssm.state_size", s.ssm_state)
+    w.add_uint32("qwen35.ssm.time_step_rank", s.ssm_heads)
+    w.add_uint32("qwen35.ssm.group_count", s.ssm_heads)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("output_norm.weight", s.n_embd, ones=True)
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
+        t.add(p + "post_attention_norm.weight", s.n_embd, ones=True)
+        t.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
+        t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
+        t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        if (i + 1) % interval == 0:
+            t.add(p + "attn_q.weight", s.n_embd, head * s.n_head * 2)  # queries and their gates
+            t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+            t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+            t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+            t.add(p + "attn_q_norm.weight", head, ones=True)
+            t.add(p + "attn_k_norm.weight", head, ones=True)
+        else:
+            t.add(p + "attn_qkv.weight", s.n_embd, key_dim * 2 + value_dim)
+            t.add(p + "attn_gate.weight", s.n_embd, value_dim)
+            t.add(p + "ssm_conv1d.weight", 4, key_dim * 2 + value_dim)
+            t.add(p + "ssm_dt.bias", s.ssm_heads)
+            t.add(p + "ssm_a", s.ssm_heads, negative=True)
+            t.add(p + "ssm_beta.weight", s.n_embd, s.ssm_heads)
+            t.add(p + "ssm_alpha.weight", s.n_embd, s.ssm_heads)
+            t.add(p + "ssm_norm.weight", s.ssm_state, ones=True)
+            t.add(p + "ssm_out.weight", value_dim, s.n_embd)
+
+
+def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
+          stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096) -> Path:
+    if arch not in ARCHS:
+        raise SystemExit(f"unknown architecture {arch!r}; one of: {', '.join(ARCHS)}")
+    s = SHAPES[shape]
+    out = Path(out)
+    tmp = out.with_name(out.name + ".partial")
+    w = gguf.GGUFWriter(tmp, arch)
+    w.add_name(f"random-{arch}-{shape}")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(s.n_embd)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_block_count(s.n_layer)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    n_vocab = _copy_tokenizer(w, tokenizer)
+    w.add_vocab_size(n_vocab)
+    tensors = _Tensors(w, seed, stdev, noise)
+    {"lfm2": _lfm2, "qwen35": _qwen35}[arch](w, tensors, s, n_vocab)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arch", choices=ARCHS)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tokenizer", type=Path, required=True,
+                        help="a GGUF whose tokenizer and chat template the file carries")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stdev", type=float, default=0.1)
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="stdev of a second draw added to every weight: with the target's seed, a draft "
+                             "that agrees with it only partly")
+    args = parser.parse_args(argv)
+    path = write(args.arch, args.out, args.tokenizer, shape=args.shape, seed=args.seed, stdev=args.stdev,
+                 noise=args.noise)
+    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Hybrid and recurrent targets on the real llama.cpp: random-weight GGUFs of LFM2 (short convolutions)
+and Qwen3.5 (gated delta net) written by scripts/random_gguf.py with the test model's tokenizer.
+
+A recurrent state holds no entry per position: llama.cpp keeps `n_rs_seq` snapshots of it per decode
+(ModelOptions.rollback), so a verify can drop up to that many draft tokens, and prompt checkpoints let a
+follow-up start from the previous prompt's end."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TEST_CACHE
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.backend import Model, ModelOptions
+from localspec.engine.events import Prefill, Summary, Round, answer_tokens
+from localspec.engine.kv import KvSequence
+
+pytestmark = pytest.mark.model
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "random_gguf.py"
+ARCHS = ("lfm2", "qwen35")
+PROMPT = "one two three four five six seven eight nine ten " * 3
+
+
+def _random_gguf_module():
+    spec = importlib.util.spec_from_file_location("random_gguf", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def random_ggufs(smollm2_path):
+    """{arch: (target, draft)}: each target with a draft of the same seed plus noise (agrees partly)."""
+    writer = _random_gguf_module()
+    folder = TEST_CACHE / "random-ggufs"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for arch in ARCHS:
+        target = folder / f"{arch}-tiny.gguf"
+        draft = folder / f"{arch}-tiny-noise0.01.gguf"
+        if not target.exists():
+            writer.write(arch, target, smollm2_path)
+        if not draft.exists():
+            writer.write(arch, draft, smollm2_path, noise=0.01)
+        files[arch] = (target, draft)
+    return files
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request):
+    return request.param
+
+
+def test_the_script_writes_a_file_llama_cpp_loads_as_a_hybrid_with_rollback(random_ggufs, arch):
+    model = Model(random_ggufs[arch][0], ModelOptions(n_ctx=512))
+    try:
+        assert model.architecture == arch and model.recurrent
+        assert model.max_rollback == ModelOptions().rollback
+        assert not model.can_shift  # moving positions would leave the recurrent state holding what was cut
+        assert model.vocab.detokenize(model.vocab.tokenize("Hello there", add_special=False)) == "Hello there"
+        assert model.chat_template()  # the tokenizer's model came with its template
+    finally:
+        model.close()
+
+
+def _logits_after(model: Model, tokens: list[int]) -> np.ndarray:
+    model.clear()
+    return model.decode(tokens, 0, [len(tokens) - 1])[0]
+
+
+def test_a_rejected_draft_leaves_the_state_plain_decoding_has(random_ggufs, arch):
+    """Verify a pending token and 8 drafts, keep 2 of them: the next logits are those of a context
+    that never saw the rejected ones (the snapshots, not a replay: truncate keeps what was asked)."""
+    model = Model(random_ggufs[arch][0], ModelOptions(n_ctx=512))
+    try:
+        prompt = model.vocab.tokenize(PROMPT)
+        drafts = [101, 202, 303, 404, 505, 606, 707, 808]
+        model.decode(prompt[:-1], 0, [])
+        model.decode([prompt[-1], *drafts], len(prompt) - 1, list(range(9)))
+        kept = len(prompt) + 2
+        assert model.truncate(kept) == kept
+        after = model.decode([909], kept, [0])[0]
+        reference = _logits_after(model, prompt + drafts[:2] + [909])
+        assert int(np.argmax(after)) == int(np.argmax(reference))
+        np.testing.assert_allclose(after, reference, atol=1e-3)
+    finally:
+        model.close()
+
+
+def test_going_back_further_than_the_snapshots_restores_a_checkpoint_or_replays(random_ggufs, arch):
+    model = Model(random_ggufs[arch][0], ModelOptions(n_ctx=512))
+    try:
+        prompt = model.vocab.tokenize(PROMPT)
+        kv = KvSequence(model)
+        kv.extend(prompt[:-1])
+        kv.checkpoint()
+        for token in [prompt[-1], 11, 12, 13, 14, 15]:  # one token per decode: no snapshot reaches back 3
+            kv.extend([token])
+        assert model.truncate(len(prompt) + 2) == len(prompt) - 1  # back to the prompt's checkpoint
+        kv.tokens = kv.tokens[:len(prompt) - 1]
+        evaluated = kv.evaluated
+        logits = kv.sync(prompt + [11, 12])
+        assert kv.evaluated - evaluated == 3  # from the checkpoint, not from the first token
+        np.testing.assert_allclose(logits, _logits_after(model, prompt + [11, 12]), atol=1e-3)
+
+        model.clear()  # no checkpoint: the sequence is emptied, and KvSequence replays what it kept
+        kv = KvSequence(model)
+        kv.extend(prompt)
+        kv.extend([21])
+        kv.extend([22])
+        kv.rewind(len(prompt) - 3)
+        assert kv.tokens == prompt[:-3]
+        logits = kv.extend([prompt[-3]], [0])[0]
+        np.testing.assert_allclose(logits, _logits_after(model, prompt[:-2]), atol=1e-3)
+    finally:
+        model.close()
+
+
+@pytest.fixture
+def hybrid_engine(random_ggufs, arch):
+    target_path, draft_path = random_ggufs[arch]
+    target = Model(target_path, ModelOptions(n_ctx=1024))
+    draft = Model(draft_path, ModelOptions(n_ctx=1024))
+    # draft_p_min 0: the random draft's flat distributions would stop every draft at one token
+    engine = Engine(target, draft, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False))
+    yield engine
+    target.close()
+    draft.close()
+
+
+def test_drafted_greedy_answers_equal_plain_decoding(hybrid_engine):
+    engine = hybrid_engine
+    plain = answer_tokens(engine.generate(PROMPT, max_tokens=40, drafter="none"))
+    drafted = rejected = 0
+    for draft_len in (4, 12):  # 12: more than the snapshots, so drafts are cut to 8
+        events = list(engine.generate(PROMPT, max_tokens=40, drafter="model", draft_len=draft_len))
+        assert answer_tokens(events) == plain
+        rounds = [e for e in events if isinstance(e, Round)]
+        assert max(r.drafted for r in rounds) == min(draft_len, engine.target.max_rollback)
+        drafted += sum(r.drafted for r in rounds)
+        rejected += sum(len(r.rejected) for r in rounds)
+    assert drafted > 0 and rejected > 0
+    assert answer_tokens(engine.generate(PROMPT, max_tokens=40, drafter="ngram", draft_len=4)) == plain
+
+
+def test_a_follow_up_evaluates_only_its_new_tokens(hybrid_engine):
+    engine = hybrid_engine
+    prompt = engine.vocab.tokenize(PROMPT)
+    answer = answer_tokens(engine.generate(prompt, max_tokens=12, drafter="model", draft_len=4))
+    follow_up = prompt + answer + engine.vocab.tokenize(" and then", add_special=False)
+    prefill = next(e for e in engine.generate(follow_up, max_tokens=4, drafter="none") if isinstance(e, Prefill))
+    # the cache holds all but the answer's last token (never evaluated): that and the new text
+    assert prefill.evaluated == len(follow_up) - (len(prompt) + len(answer) - 1)
+
+    # A follow-up that parts from the cache inside the answer starts again from the prompt's checkpoint.
+    edited = prompt + answer[:3] + [answer[3] + 1]
+    before = engine.kv.evaluated
+    events = list(engine.generate(edited, max_tokens=4, drafter="none"))
+    assert events[0].cached == len(prompt) + 3
+    # 4 answer tokens replayed from the checkpoint, the pending token, 3 more rounds: not the prompt again
+    assert engine.kv.evaluated - before == 4 + 1 + 3 < len(prompt)
+
+
+def test_a_target_without_rollback_decodes_plainly_and_says_so(random_ggufs):
+    target = Model(random_ggufs["lfm2"][0], ModelOptions(n_ctx=1024, rollback=0))
+    try:
+        assert target.max_rollback == 0
+        engine = Engine(target, None, EngineOptions(calibrate=False, history_drafts=False))
+        assert any("decoded plainly" in w for w in engine.warnings)
+        events = list(engine.generate(PROMPT + PROMPT, max_tokens=24, drafter="ngram", draft_len=4))
+        assert sum(e.drafted for e in events if isinstance(e, Round)) == 0
+        assert isinstance(events[-1], Summary) and events[-1].generated_tokens == 24
+    finally:
+        target.close()
+
+
+def test_localspec_run_answers_with_a_hybrid_file(random_ggufs, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "localspec.cli", "run", str(random_ggufs["qwen35"][0]), "Hello there",
+         "--max-tokens", "8", "--ctx", "1024"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
