@@ -113,7 +113,8 @@ def check(target: str, draft: str) -> None:
     target_path, draft_path = model_file(target), model_file(draft)
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
-    click.echo(f"target: {target_path}\ndraft:  {draft_path}")
+        decoding = tv.decoding(), dv.decoding()
+    click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
     for result in report.results:
         mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
         click.echo(f"  {mark}  {result.rule}: {result.detail}")

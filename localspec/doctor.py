@@ -26,6 +26,8 @@ def report() -> list[str]:
     say(f"CPU threads         {os.cpu_count()} (localspec uses all by default)")
     say(f"llama.cpp features  {backend.system_info()}")
     say(f"flash attention     {_flash_attention_state()}")
+    say(f"recurrent targets   drafts verified and rolled back: {', '.join(sorted(backend.ROLLBACK_ARCHITECTURES))}; "
+        "other recurrent or hybrid models decode plainly")
     if not gpu:
         say("With an NVIDIA GPU and the CUDA toolkit, `bash scripts/setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")

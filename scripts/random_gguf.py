@@ -14,6 +14,7 @@ Architectures:
 - `lfm2`: LiquidAI's LFM2, short convolutions with attention every third layer (recurrent state that
   llama.cpp can roll back a few tokens with `n_rs_seq`).
 - `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer.
+- `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Shape:
 SHAPES = {
     "tiny": Shape(n_embd=64, n_ff=128, n_layer=4, n_head=2, n_head_kv=1),
 }
-ARCHS = ("lfm2", "qwen35")
+ARCHS = ("lfm2", "qwen35", "mamba")
 
 
 class _Tensors:
@@ -158,6 +159,29 @@ def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
             t.add(p + "ssm_out.weight", value_dim, s.n_embd)
 
 
+def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
+    inner, state, rank = 2 * s.n_embd, 16, 4  # llama.cpp supports an expansion factor of 2 only
+    w.add_uint32("mamba.ssm.conv_kernel", 4)
+    w.add_uint32("mamba.ssm.inner_size", inner)
+    w.add_uint32("mamba.ssm.state_size", state)
+    w.add_uint32("mamba.ssm.time_step_rank", rank)
+    w.add_uint32("mamba.attention.head_count", 0)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("output_norm.weight", s.n_embd, ones=True)
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
+        t.add(p + "ssm_in.weight", s.n_embd, 2 * inner)
+        t.add(p + "ssm_conv1d.weight", 4, inner)
+        t.add(p + "ssm_conv1d.bias", inner)
+        t.add(p + "ssm_x.weight", inner, rank + 2 * state)
+        t.add(p + "ssm_dt.weight", rank, inner)
+        t.add(p + "ssm_dt.bias", inner)
+        t.add(p + "ssm_a", state, inner, negative=True)
+        t.add(p + "ssm_d", inner)
+        t.add(p + "ssm_out.weight", inner, s.n_embd)
+
+
 def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
           stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096) -> Path:
     if arch not in ARCHS:
@@ -177,7 +201,7 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     n_vocab = _copy_tokenizer(w, tokenizer)
     w.add_vocab_size(n_vocab)
     tensors = _Tensors(w, seed, stdev, noise)
-    {"lfm2": _lfm2, "qwen35": _qwen35}[arch](w, tensors, s, n_vocab)
+    {"lfm2": _lfm2, "qwen35": _qwen35, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -12,7 +12,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
-from toy import CpuScript, TWO_TOKEN_TOY, ToyModel, exact_two_tokens
+from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -97,6 +97,30 @@ def test_no_position_is_evaluated_twice_needlessly():
     starts = [start for start, _n in engine.draft.calls]
     assert starts == sorted(starts)
     assert n == 40
+
+
+@pytest.mark.parametrize("draft_len", [1, 2, 5])
+def test_a_recurrent_target_drafts_within_its_rollback_and_answers_as_plain(draft_len):
+    """A target whose state rolls back at most 2 positions (a hybrid model's snapshots): drafts are cut to
+    2, every answer equals plain decoding's, and a follow-up that parts from the cache inside the answer
+    goes back to the prompt's checkpoint, not to the first token."""
+    target = RecurrentToy(seed=3, max_rollback=2)
+    engine = Engine(target, ToyModel(seed=3, noise_seed=103, noise=1.5),
+                    EngineOptions(drafter="model", draft_len=draft_len, learn_costs=False),
+                    cost=CostModel(dict(COST)), draft_cost_s=0.01)
+    for prompt in PROMPTS:
+        events = list(engine.generate(prompt, max_tokens=40))
+        assert _tokens(events) == _plain(prompt, 40)
+        assert max(e.drafted for e in events if isinstance(e, Round)) == min(draft_len, 2)
+        assert sum(len(e.rejected) for e in events if isinstance(e, Round)) > 0
+    prompt = [0, 5, 9, 11, 12, 13, 14, 15]
+    out = _tokens(engine.generate(prompt, max_tokens=20))
+    calls = len(target.calls)
+    edited = prompt + out[:5] + [(out[5] + 1) % target.n_vocab]
+    events = list(engine.generate(edited, max_tokens=5))
+    assert _tokens(events) == _plain(edited, 5)
+    # evaluated again from the prompt's checkpoint (all but its last token), not from the first token
+    assert target.calls[calls] == (len(prompt) - 1, 1 + 5)
 
 
 def test_follow_up_evaluates_only_the_new_suffix():

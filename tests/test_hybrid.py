@@ -22,7 +22,7 @@ from localspec.engine.kv import KvSequence
 pytestmark = pytest.mark.model
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "random_gguf.py"
-ARCHS = ("lfm2", "qwen35")
+ARCHS = ("lfm2", "qwen35")  # speculate: llama.cpp rolls their state back
 PROMPT = "one two three four five six seven eight nine ten " * 3
 
 
@@ -41,7 +41,7 @@ def random_ggufs(smollm2_path):
     folder = TEST_CACHE / "random-ggufs"
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    for arch in ARCHS:
+    for arch in (*ARCHS, "mamba"):
         target = folder / f"{arch}-tiny.gguf"
         draft = folder / f"{arch}-tiny-noise0.01.gguf"
         if not target.exists():
@@ -65,6 +65,27 @@ def test_the_script_writes_a_file_llama_cpp_loads_as_a_hybrid_with_rollback(rand
         assert not model.can_shift  # moving positions would leave the recurrent state holding what was cut
         assert model.vocab.detokenize(model.vocab.tokenize("Hello there", add_special=False)) == "Hello there"
         assert model.chat_template()  # the tokenizer's model came with its template
+    finally:
+        model.close()
+
+
+def test_check_names_what_each_file_supports(random_ggufs, smollm2_path):
+    result = subprocess.run([sys.executable, "-m", "localspec.cli", "check", str(random_ggufs["lfm2"][0]),
+                             str(smollm2_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "lfm2, with a recurrent state llama.cpp rolls back: drafts of up to 8 tokens" in result.stdout
+    assert "llama, a KV cache: drafts of any length" in result.stdout
+
+
+@pytest.mark.parametrize("arch", [*ARCHS, "mamba"])
+def test_the_rollback_list_is_llama_cpps(random_ggufs, arch):
+    """ROLLBACK_ARCHITECTURES (what `check` says without loading weights) agrees with what a context of
+    the pinned llama.cpp grants: n_rs_seq kept for these, clamped to 0 otherwise."""
+    from localspec.engine.backend import ROLLBACK_ARCHITECTURES
+
+    model = Model(random_ggufs[arch][0], ModelOptions(n_ctx=256))
+    try:
+        assert (model.max_rollback > 0) == (arch in ROLLBACK_ARCHITECTURES)
     finally:
         model.close()
 
@@ -167,12 +188,13 @@ def test_a_follow_up_evaluates_only_its_new_tokens(hybrid_engine):
     assert engine.kv.evaluated - before == 4 + 1 + 3 < len(prompt)
 
 
-def test_a_target_without_rollback_decodes_plainly_and_says_so(random_ggufs):
-    target = Model(random_ggufs["lfm2"][0], ModelOptions(n_ctx=1024, rollback=0))
+@pytest.mark.parametrize("arch, options", [("mamba", {}), ("lfm2", {"rollback": 0})])
+def test_a_target_without_rollback_decodes_plainly_and_says_so(random_ggufs, arch, options):
+    target = Model(random_ggufs[arch][0], ModelOptions(n_ctx=1024, **options))
     try:
         assert target.max_rollback == 0
         engine = Engine(target, None, EngineOptions(calibrate=False, history_drafts=False))
-        assert any("decoded plainly" in w for w in engine.warnings)
+        assert [w for w in engine.warnings if w.startswith(f"{arch} keeps a recurrent state")]
         events = list(engine.generate(PROMPT + PROMPT, max_tokens=24, drafter="ngram", draft_len=4))
         assert sum(e.drafted for e in events if isinstance(e, Round)) == 0
         assert isinstance(events[-1], Summary) and events[-1].generated_tokens == 24
@@ -187,3 +209,28 @@ def test_localspec_run_answers_with_a_hybrid_file(random_ggufs, tmp_path):
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_answers_requests_at_once_with_a_hybrid_file(random_ggufs):
+    """Two chats at once share the target's decodes (engine/parallel.py): each sequence's recurrent state
+    is its own, so each answer equals the one it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from servers import serving
+
+    def ask(server, text):
+        body = {"model": "hybrid", "messages": [{"role": "user", "content": text}], "max_tokens": 24,
+                "temperature": 0}
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+
+    questions = ["Name three colours.", "Write a haiku about rain."]
+    with serving(random_ggufs["qwen35"][0], "hybrid", 2048, slots=2) as server:
+        alone = [ask(server, q) for q in questions]
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda q: ask(server, q), questions))
+    assert together == alone
+    assert all(alone)

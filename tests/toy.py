@@ -194,6 +194,35 @@ class ToyModel:
         pass
 
 
+class RecurrentToy(ToyModel):
+    """A toy whose sequences behave as a recurrent state in llama.cpp (backend.Model with n_rs_seq): the
+    last `max_rollback` positions can be dropped only right after the decode that wrote them, once; a
+    checkpoint taken after a prompt is the only other way back; otherwise the sequence is emptied."""
+
+    def __init__(self, *args, max_rollback: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_rollback = self._limit = max_rollback
+        self._removable = {s: 0 for s in self.seqs}
+        self._checkpoints: dict[int, list[int]] = {s: [] for s in self.seqs}
+
+    def decode(self, tokens: list[int], start: int, logits_for: list[int], seq: int = 0) -> np.ndarray:
+        rows = super().decode(tokens, start, logits_for, seq)
+        self._removable[seq] = min(len(tokens) - 1, self._limit)
+        return rows
+
+    def truncate(self, n_keep: int, seq: int = 0) -> int:
+        held = len(self.seqs[seq])
+        removable, self._removable[seq] = self._removable[seq], 0
+        if n_keep >= held or held - n_keep <= removable:
+            return super().truncate(n_keep, seq)
+        points = [p for p in self._checkpoints[seq] if p <= n_keep]
+        self._checkpoints[seq] = points
+        return super().truncate(points[-1] if points else 0, seq)
+
+    def checkpoint(self, seq: int = 0) -> None:
+        self._checkpoints[seq].append(len(self.seqs[seq]))
+
+
 if TYPE_CHECKING:  # the pin: the toy implements what the engine needs of a model (mypy, tests/test_layers.py)
     from localspec.engine.model import LanguageModel
 

@@ -8,11 +8,11 @@ need to roll back. Here each `decode` asks for logits only at the positions the 
 `llama`: models, vocabularies, quantizing.
 """
 
-from localspec.engine.backend.llama import (MAX_LOGITS_PER_CALL, Model, ModelOptions, Vocab, VocabFile,
-                                            quantize)
+from localspec.engine.backend.llama import (MAX_LOGITS_PER_CALL, ROLLBACK_ARCHITECTURES, Model, ModelOptions, Vocab,
+                                            VocabFile, quantize)
 from localspec.engine.backend.system import (Device, bindings_version, build_id, devices, init, rpc_devices,
                                              serve_rpc, supports_gpu_offload, supports_rpc, system_info)
 
-__all__ = ["MAX_LOGITS_PER_CALL", "Model", "ModelOptions", "Vocab", "VocabFile", "quantize", "Device",
+__all__ = ["MAX_LOGITS_PER_CALL", "ROLLBACK_ARCHITECTURES", "Model", "ModelOptions", "Vocab", "VocabFile", "quantize", "Device",
            "bindings_version", "build_id", "devices", "init", "rpc_devices", "serve_rpc", "supports_gpu_offload",
            "supports_rpc", "system_info"]

@@ -189,10 +189,27 @@ class Vocab:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
+# The architectures whose recurrent state llama.cpp rolls back with n_rs_seq snapshots: its
+# llm_arch_supports_rs_rollback (src/llama-arch.cpp) in the build pinned by pyproject.toml, which the C API
+# does not expose before a context exists. tests/test_hybrid.py checks it against a real context.
+ROLLBACK_ARCHITECTURES = frozenset({"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next",
+                                    "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
+
+
 class _Metadata:
     """The GGUF's metadata, for a loaded model or a vocabulary-only one."""
 
     _model: object
+
+    def decoding(self) -> str:
+        """What speculative decoding can do with this file's state, in one line for `check` and `run`."""
+        architecture = self.meta("general.architecture") or "unknown"
+        if not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model)):
+            return f"{architecture}, a KV cache: drafts of any length"
+        if architecture in ROLLBACK_ARCHITECTURES:
+            return (f"{architecture}, with a recurrent state llama.cpp rolls back: drafts of up to "
+                    f"{ModelOptions().rollback} tokens, prompts reused from checkpoints")
+        return f"{architecture}, with a recurrent state llama.cpp cannot roll back: plain decoding only"
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
