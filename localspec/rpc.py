@@ -35,13 +35,17 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def is_trusted(host: str) -> bool:
-    """Loopback, private (RFC 1918, ULA) or link-local: every address the name resolves to."""
+def _addresses(host: str) -> set:
     try:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
         raise LocalspecError(f"Cannot resolve the RPC worker host '{host}': {exc.strerror}.") from None
-    addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+    return {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+
+
+def is_trusted(host: str) -> bool:
+    """Loopback, private (RFC 1918, ULA) or link-local: every address the name resolves to."""
+    addresses = _addresses(host)
     return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
 
 
@@ -115,7 +119,9 @@ def check_bind_address(host: str, allow_public: bool) -> None:
     """Where `localspec rpc-worker` may listen: loopback or a private address unless told otherwise."""
     if allow_public:
         return
-    if host in ("0.0.0.0", "::") or not is_trusted(host):
+    # Every spelling of "any address" ("0", "0x0", "0.0.0.0", "::") resolves to an unspecified one, which
+    # Python counts as private.
+    if any(a.is_unspecified for a in _addresses(host)) or not is_trusted(host):
         raise LocalspecError(f"Listening on {host} may expose the worker beyond a trusted network. {TRUSTED_ONLY}. "
                              "Give this machine's private address with --host, or pass --allow-public.")
 

@@ -154,13 +154,18 @@ def template_messages(messages: list[dict]) -> list[dict]:
         if m.get("content") is None:
             m["content"] = ""
         if m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise LocalspecError("tool_calls must be a list of calls.")
             m["tool_calls"] = [_call_for_template(c) for c in m["tool_calls"]]
         out.append(m)
     return out
 
 
 def _call_for_template(call: dict) -> dict:
-    fn = dict(call.get("function") or {})
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        raise LocalspecError('Each of tool_calls must be {"function": {"name": ..., "arguments": ...}}.')
+    fn = dict(fn)
     args = fn.get("arguments")
     if isinstance(args, str):
         try:

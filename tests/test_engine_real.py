@@ -179,3 +179,26 @@ def test_draft_with_a_smaller_context_stops_drafting_instead_of_failing(smollm2_
         assert events[-1].drafted == 0  # the prompt alone overflows the draft's context
     finally:
         small.close()
+
+
+def test_a_decode_that_fails_after_its_first_chunk_leaves_the_cache_as_it_was(smollm2_path):
+    """llama.cpp refuses a batch with an invalid token id after the batches before it went in: the
+    sequence forgets them, so the cache holds what KvSequence says and the next request works."""
+    from localspec.engine.kv import KvSequence
+    from localspec.errors import LocalspecError
+
+    model = Model(smollm2_path, ModelOptions(n_ctx=256, n_batch=32))
+    try:
+        kv = KvSequence(model)
+        kv.extend([1, 100, 101])
+        with pytest.raises(LocalspecError):
+            kv.extend([200 + i for i in range(40)] + [model.n_vocab + 5])  # the bad id in the second batch
+        assert kv.tokens == [1, 100, 101]
+        logits = kv.extend([102], [0])[0]
+        fresh = Model(smollm2_path, ModelOptions(n_ctx=256, n_batch=32))
+        try:
+            np.testing.assert_allclose(logits, fresh.decode([1, 100, 101, 102], 0, [3])[0], atol=1e-3)
+        finally:
+            fresh.close()
+    finally:
+        model.close()

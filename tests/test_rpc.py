@@ -80,8 +80,9 @@ def test_workers_beyond_a_trusted_network_are_refused_unless_allowed():
         parse_workers("127.0.0.1:1,127.0.0.1:1")
     check_bind_address("127.0.0.1", False)
     check_bind_address("192.168.1.20", False)
-    with pytest.raises(LocalspecError, match="--allow-public"):
-        check_bind_address("0.0.0.0", False)
+    for anywhere in ("0.0.0.0", "0", "0x0", "::"):  # every spelling of all interfaces
+        with pytest.raises(LocalspecError, match="--allow-public"):
+            check_bind_address(anywhere, False)
 
 
 def test_a_worker_that_is_down_is_named():

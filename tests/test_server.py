@@ -494,3 +494,62 @@ def test_an_oversized_body_is_refused_before_it_is_read_and_the_server_keeps_ans
         chunked_ok = client.post("/completion", content=iter([b'{"prompt": "Hi", ', b'"n_predict": 2}']),
                                  headers={"Content-Type": "application/json"})
         assert chunked_ok.status_code == 200 and "content" in chunked_ok.json()
+
+
+# ----------------------------------------------------------------------------- what tools send (issue: the rest of the API)
+
+
+def test_the_documented_curl_examples_work_without_a_content_type(server):
+    """Ollama's and llama.cpp's READMEs teach `curl URL -d '{...}'`: curl sends that as a form, and
+    both servers read it as JSON whatever the header says."""
+    import shutil
+    import subprocess
+
+    bodies = {"/api/generate": {"model": server.served.name, "prompt": "Why is the sky blue?", "stream": False,
+                                "options": {"num_predict": 4}},
+              "/completion": {"prompt": "Building a website can be done in 10 simple steps:", "n_predict": 4},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}}
+    for path, body in bodies.items():
+        for headers in ({"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}, {}):
+            r = httpx.post(server.url + path, content=json.dumps(body), headers=headers, timeout=120)
+            assert r.status_code == 200, (path, headers, r.text)
+        if shutil.which("curl"):  # verbatim, as the READMEs write it
+            out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", server.url + path, "-d", json.dumps(body)],
+                                 capture_output=True, text=True, timeout=120).stdout
+            assert out.endswith("\n200"), (path, out)
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 3}'),
+    ("/completion", '{"prompt": "x\\udfffy", "n_predict": 3}'),
+    ("/api/chat", '{"model": "localspec", "messages": [{"role": "user", "content": "\\ud83d"}], "stream": false, '
+                  '"options": {"num_predict": 3}}'),
+])
+def test_a_lone_surrogate_in_the_text_is_read_as_a_replacement_character(server, path, raw):
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def test_odd_but_valid_fields_never_give_a_500(server):
+    seeded = post(server, "/completion", {"prompt": "Hello", "n_predict": 3, "seed": -1, "temperature": 0.8})
+    assert seeded.status_code == 200, seeded.text  # -1: llama.cpp's "random", as /props advertises
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice in ({"function": "f"}, {"function": 3}, {"type": "function"}):
+        r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                                                  "tool_choice": choice, "max_tokens": 3})
+        assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"], r.text
+    for calls in ("f", 7, ["f"], [{"function": "f"}], [{"function": 7}]):
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
+                    {"role": "user", "content": "again"}]
+        r = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 3})
+        assert r.status_code == 400 and "tool_calls" in r.json()["error"]["message"], (calls, r.text)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(server):
+    n_vocab = server.served.engine.target.n_vocab
+    good = [1] + [100 + i % 50 for i in range(300)]
+    for bad in (n_vocab, -1, 10**9):
+        r = post(server, "/completion", {"prompt": good[:250] + [bad] + good[250:], "n_predict": 2})
+        assert r.status_code == 400 and "outside this model's vocabulary" in r.json()["error"]["message"], r.text
+    r = post(server, "/completion", {"prompt": good[:300], "n_predict": 2})
+    assert r.status_code == 200, r.text

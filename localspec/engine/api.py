@@ -208,6 +208,10 @@ class Engine:
         tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
         if not tokens:
             raise LocalspecError("The prompt is empty.")
+        outside = [t for t in tokens if not 0 <= t < self.target.n_vocab]
+        if outside:  # llama.cpp would fail the decode (or read out of bounds) on it
+            raise LocalspecError(f"Token id {outside[0]} is outside this model's vocabulary (0 to "
+                                 f"{self.target.n_vocab - 1}).")
         if max_tokens < 1:
             raise LocalspecError("max_tokens must be at least 1.")
         if len(tokens) >= self.n_ctx:

@@ -55,7 +55,14 @@ class KvSequence:
                 self.extend(replay)
 
     def extend(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
-        logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for), seq=self.seq)
+        try:
+            logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for), seq=self.seq)
+        except BaseException:
+            # A decode that failed after its first chunks left them in the cache: forget them, so that
+            # what the cache holds is what `tokens` says (the next request on this slot would fail).
+            held = self.model.truncate(len(self.tokens), seq=self.seq)
+            del self.tokens[held:]
+            raise
         self.tokens.extend(tokens)
         self.evaluated += len(tokens)
         return logits

@@ -173,7 +173,8 @@ class Sampler:
     def __init__(self, settings: SamplingSettings, infill: InfillVocab | None = None):
         self.settings = settings
         self.infill = infill
-        self.rng = np.random.default_rng(settings.seed)
+        # A negative seed is llama.cpp's "random" (-1, what llama-server's /props advertises)
+        self.rng = np.random.default_rng(settings.seed if settings.seed is None or settings.seed >= 0 else None)
 
     @property
     def greedy(self) -> bool:

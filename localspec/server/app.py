@@ -38,6 +38,7 @@ class Guard:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
+            scope = _as_json(scope)
             request = Request(scope)
             response = self.refusal(request)
             if response is None:
@@ -77,6 +78,18 @@ class Guard:
             return held.pop(0) if held else await receive()
 
         return None, replay
+
+
+def _as_json(scope):
+    """Every body is read as JSON, whatever its Content-Type says, as llama-server and Ollama read them:
+    their READMEs teach `curl URL -d '{...}'`, which curl sends as a form. (A browser page cannot use
+    this to post without a preflight: the Guard refuses any Origin and Host that are not local.)"""
+    headers = scope.get("headers") or []
+    kind = next((value for name, value in headers if name == b"content-type"), b"")
+    if scope.get("method") not in ("POST", "PUT", "PATCH") or b"json" in kind.lower():
+        return scope
+    kept = [(name, value) for name, value in headers if name != b"content-type"]
+    return {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
 
 
 def create_server_app(served: Served, *, api_key: str | None = None, any_host: bool = False,

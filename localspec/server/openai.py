@@ -132,7 +132,8 @@ def _structure(served: Served, body: ChatRequest) -> tuple[list[Tool], str | Non
     structured-output fields ask for."""
     tools = tools_of(body.tools)
     choice = body.tool_choice if body.tool_choice is not None else "auto"
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     if not (choice in ("auto", "none", "required") or isinstance(named, str)):
         raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
                             '"function": {"name": …}}.')

@@ -27,6 +27,15 @@ VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: 
 MAX_LOGITS_PER_CALL = 64
 
 
+def utf8(text: str) -> bytes:
+    """`text` as UTF-8, a lone surrogate (half of a UTF-16 pair an editor cut, valid in JSON) as U+FFFD,
+    as llama-server's tokenizer reads it."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -175,7 +184,7 @@ class Vocab:
         return Grammar.compile(self._vocab, text, token)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
+        data = utf8(text)
         capacity = len(data) + 8
         buf = (L.llama_token * capacity)()
         n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
