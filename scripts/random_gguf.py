@@ -35,37 +35,63 @@ class Shape:
     n_layer: int
     n_head: int
     n_head_kv: int
+    head_dim: int = 0     # 0: n_embd / n_head
+    rope_dim: int = 0     # qwen35: rotated dimensions of a head (0: all)
     ssm_state: int = 32   # qwen35: the head size of the delta net's keys and values
-    ssm_heads: int = 2    # qwen35: value heads (and key groups)
+    ssm_heads: int = 2    # qwen35: value heads
+    ssm_groups: int = 2   # qwen35: key heads
+    f16: bool = False     # matrices in float16 (a real shape in float32 is twice the disk and memory)
+
+    @property
+    def head(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
 
 
 SHAPES = {
     "tiny": Shape(n_embd=64, n_ff=128, n_layer=4, n_head=2, n_head_kv=1),
+    # Qwen3.5-4B's dimensions (its config.json), for costs at a real size: quantize the file with
+    # llama.cpp (backend.quantize) as a release would be. Its vocabulary is the tokenizer's you give.
+    "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
+                        ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
 }
 ARCHS = ("lfm2", "qwen35", "mamba")
 
 
 class _Tensors:
-    """Random float32 tensors, named and shaped as llama.cpp reads them ({ne0, ne1}: numpy's reversed)."""
+    """Random tensors, named and shaped as llama.cpp reads them ({ne0, ne1}: numpy's reversed). Listed
+    first, drawn one at a time while the file is written, so a real shape never sits in memory whole."""
 
-    def __init__(self, writer: gguf.GGUFWriter, seed: int, stdev: float, noise: float = 0.0):
-        self.writer = writer
+    def __init__(self, seed: int, stdev: float, noise: float = 0.0, f16: bool = False):
         self.rng = np.random.default_rng(seed)
         self.stdev = stdev
         self.noise = noise  # a second draw on top: a "draft" that agrees with the seed's model only partly
         self.noise_rng = np.random.default_rng([seed, 1])
+        self.f16 = f16
+        self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool]] = []
 
     def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False) -> None:
-        shape = tuple(reversed(ne))
+        matrix = len(ne) == 2 and not ones and "conv" not in name  # what llama.cpp multiplies by
+        dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
+        self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones))
+
+    def write(self, writer: gguf.GGUFWriter) -> None:
+        for name, shape, dtype, _negative, _ones in self.listed:
+            writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for _name, shape, dtype, negative, ones in self.listed:
+            writer.write_tensor_data(self._draw(shape, negative, ones).astype(dtype))
+
+    def _draw(self, shape: tuple[int, ...], negative: bool, ones: bool) -> np.ndarray:
         if ones:  # norms: random scales would only make the gibberish louder
-            data = np.ones(shape, dtype=np.float32)
-        else:
-            data = self.rng.normal(0.0, self.stdev, size=shape).astype(np.float32)
-            if self.noise:
-                data += self.noise_rng.normal(0.0, self.noise, size=shape).astype(np.float32)
+            return np.ones(shape, dtype=np.float32)
+        data = self.rng.normal(0.0, self.stdev, size=shape).astype(np.float32)
+        if self.noise:
+            data += self.noise_rng.normal(0.0, self.noise, size=shape).astype(np.float32)
         if negative:  # a state's decay must be negative (llama.cpp's test writes -|x| too)
             data = -np.abs(data)
-        self.writer.add_tensor(name, data)
+        return data
 
 
 def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
@@ -120,17 +146,24 @@ def _lfm2(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
 
 def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
     interval = 4  # full attention every fourth layer, as the released Qwen3.5 models
-    head = s.n_embd // s.n_head
-    key_dim = value_dim = s.ssm_state * s.ssm_heads
+    head = s.head
+    key_dim, value_dim = s.ssm_state * s.ssm_groups, s.ssm_state * s.ssm_heads
     w.add_uint32("qwen35.attention.head_count", s.n_head)
     w.add_uint32("qwen35.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32("qwen35.attention.key_length", head)
+    w.add_uint32("qwen35.attention.value_length", head)
     w.add_uint32("qwen35.full_attention_interval", interval)
-    w.add_array("qwen35.rope.dimension_sections", [head // 4] * 4)
+    if s.rope_dim:  # partial rotation, in sections as the released files (t, h, w of M-RoPE; text uses t)
+        w.add_uint32("qwen35.rope.dimension_count", s.rope_dim)
+        w.add_array("qwen35.rope.dimension_sections", [s.rope_dim // 6 + 1, s.rope_dim // 6 + 1,
+                                                       s.rope_dim // 2 - 2 * (s.rope_dim // 6 + 1), 0])
+    else:
+        w.add_array("qwen35.rope.dimension_sections", [head // 4] * 4)
     w.add_uint32("qwen35.ssm.conv_kernel", 4)
     w.add_uint32("qwen35.ssm.inner_size", value_dim)
     w.add_uint32("qwen35.ssm.state_size", s.ssm_state)
     w.add_uint32("qwen35.ssm.time_step_rank", s.ssm_heads)
-    w.add_uint32("qwen35.ssm.group_count", s.ssm_heads)
+    w.add_uint32("qwen35.ssm.group_count", s.ssm_groups)
     t.add("token_embd.weight", s.n_embd, n_vocab)
     t.add("output_norm.weight", s.n_embd, ones=True)
     for i in range(s.n_layer):
@@ -197,14 +230,12 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     w.add_block_count(s.n_layer)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if s.f16 else gguf.LlamaFileType.ALL_F32)
     n_vocab = _copy_tokenizer(w, tokenizer)
     w.add_vocab_size(n_vocab)
-    tensors = _Tensors(w, seed, stdev, noise)
+    tensors = _Tensors(seed, stdev, noise, s.f16)
     {"lfm2": _lfm2, "qwen35": _qwen35, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    tensors.write(w)
     w.close()
     tmp.replace(out)
     return out

@@ -302,7 +302,7 @@ class Model(_Metadata):
         cparams.no_perf = True
         cparams.flash_attn_type = self.options.attention_type()
         if self.recurrent:
-            # llama.cpp keeps a verify's last n_rs_seq + 1 tokens in one micro-batch, so the snapshots hold
+            # A verify (up to n_rs_seq + 1 tokens) must fit one micro-batch for its snapshots to cover it
             cparams.n_rs_seq = max(0, self.options.rollback)
             cparams.n_ubatch = max(cparams.n_ubatch, cparams.n_rs_seq + 1)
         mark = problems_mark()
@@ -438,6 +438,12 @@ class Model(_Metadata):
             return
         kept = [c for c in self._checkpoints[seq] if c[0] < pos]
         self._checkpoints[seq] = (kept + [(pos, data)])[-CHECKPOINTS_PER_SEQ:]
+
+    def checkpoint_bytes(self, seq: int = 0) -> int:
+        """What one checkpoint of `seq` holds: its recurrent state (0 without recurrent layers)."""
+        if not self.recurrent:
+            return 0
+        return L.llama_state_seq_get_size_ext(self._ctx, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
 
     def _restore(self, seq: int, n_keep: int) -> int:
         """The newest checkpoint at or before `n_keep` put back; returns its position (0: none)."""
