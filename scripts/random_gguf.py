@@ -74,6 +74,14 @@ class _Tensors:
         dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
         self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones))
 
+    def block_start(self, p: str, s: "Shape", ffn_norm: str) -> None:
+        """A block's norms (the second one by the name its architecture gives it) and its gated FFN."""
+        self.add(p + "attn_norm.weight", s.n_embd, ones=True)
+        self.add(p + f"{ffn_norm}.weight", s.n_embd, ones=True)
+        self.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
+        self.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
+        self.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+
     def write(self, writer: gguf.GGUFWriter) -> None:
         for name, shape, dtype, _negative, _ones in self.listed:
             writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
@@ -126,11 +134,7 @@ def _lfm2(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
     t.add("token_embd_norm.weight", s.n_embd, ones=True)  # LFM2's output norm keeps this name
     for i, is_attention in enumerate(attention):
         p = f"blk.{i}."
-        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
-        t.add(p + "ffn_norm.weight", s.n_embd, ones=True)
-        t.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
-        t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
-        t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        t.block_start(p, s, "ffn_norm")
         if is_attention:
             t.add(p + "attn_q_norm.weight", head, ones=True)
             t.add(p + "attn_k_norm.weight", head, ones=True)
@@ -168,11 +172,7 @@ def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
     t.add("output_norm.weight", s.n_embd, ones=True)
     for i in range(s.n_layer):
         p = f"blk.{i}."
-        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
-        t.add(p + "post_attention_norm.weight", s.n_embd, ones=True)
-        t.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
-        t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
-        t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        t.block_start(p, s, "post_attention_norm")
         if (i + 1) % interval == 0:
             t.add(p + "attn_q.weight", s.n_embd, head * s.n_head * 2)  # queries and their gates
             t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
