@@ -45,7 +45,10 @@ def _addresses(host: str) -> set:
 
 def is_trusted(host: str) -> bool:
     """Loopback, private (RFC 1918, ULA) or link-local: every address the name resolves to."""
-    addresses = _addresses(host)
+    return _trusted(_addresses(host))
+
+
+def _trusted(addresses: set) -> bool:
     return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
 
 
@@ -121,7 +124,8 @@ def check_bind_address(host: str, allow_public: bool) -> None:
         return
     # Every spelling of "any address" ("0", "0x0", "0.0.0.0", "::") resolves to an unspecified one, which
     # Python counts as private.
-    if any(a.is_unspecified for a in _addresses(host)) or not is_trusted(host):
+    addresses = _addresses(host)
+    if any(a.is_unspecified for a in addresses) or not _trusted(addresses):
         raise LocalspecError(f"Listening on {host} may expose the worker beyond a trusted network. {TRUSTED_ONLY}. "
                              "Give this machine's private address with --host, or pass --allow-public.")
 

@@ -446,8 +446,7 @@ class Model(_Metadata):
         return L.llama_state_seq_get_size_ext(self._ctx, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
 
     def _restore(self, seq: int, n_keep: int) -> int:
-        """The newest checkpoint at or before `n_keep` put back; returns its position (0: none)."""
-        self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]
+        """The newest checkpoint (all are at or before `n_keep`) put back; returns its position (0: none)."""
         while self._checkpoints[seq]:
             pos, data = self._checkpoints[seq][-1]
             flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
@@ -469,8 +468,8 @@ class Model(_Metadata):
             if n_keep >= held:
                 return held
             removable, self._removable[seq] = self._removable[seq], 0  # llama.cpp restores one snapshot per decode
+            self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]  # the later ones go
             if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
-                self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]
                 return n_keep
             return self._restore(seq, n_keep)
         if not L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
