@@ -10,16 +10,14 @@ and refuses tools for a template without it.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.engine.constraint import check_size
 from localspec.errors import LocalspecError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CALLS = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.S)
-_FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.S)
 
 
 def llama_cpp_grammar(grammar: str | None, json_schema: dict | None) -> str | None:
@@ -45,10 +43,12 @@ def schema_grammar(schema: Any, field: str, root: str = "") -> str:
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
         converter.visit(converter.resolve_refs(schema, "request"), root)
-        return converter.format_grammar()
+        grammar = converter.format_grammar()
     except Exception as exc:  # the converter raises what it meets: KeyError, ValueError, AssertionError …
         raise LocalspecError(f"{field}: this JSON schema cannot be turned into a grammar ({type(exc).__name__}: "
                             f"{exc}).") from None
+    check_size(grammar, field)
+    return grammar
 
 
 @dataclass(frozen=True)
@@ -119,16 +119,37 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[Call]]:
     calls: list[Call] = []
     kept: list[str] = []
     last = 0
-    for match in _CALLS.finditer(text):
-        call = _call(match.group(1), known)
+    for start, end in _blocks(text):
+        call = _call(text[start + len(CALL_OPEN):end - len(CALL_CLOSE)], known)
         if call is not None:
-            kept.append(text[last:match.start()])
-            last = match.end()
+            kept.append(text[last:start])
+            last = end
             calls.append(call)
     kept.append(text[last:])
-    if not calls and (bare := _call(_FENCE.sub(r"\1", text.strip()), known)) is not None:
+    if not calls and (bare := _call(_unfenced(text.strip()), known)) is not None:
         return "", [bare]
     return ("".join(kept).strip(), calls) if calls else (text, [])
+
+
+def _blocks(text: str):
+    """(start, end) of each CALL_OPEN … CALL_CLOSE block, each open closed by the first close after it.
+    By `str.find`, not a regular expression: a lazy `.*?` between whitespace runs backtracks in cubic
+    time on an answer of spaces (2,000 took seconds)."""
+    pos = 0
+    while (start := text.find(CALL_OPEN, pos)) >= 0:
+        close = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+        if close < 0:
+            return
+        pos = close + len(CALL_CLOSE)
+        yield start, pos
+
+
+def _unfenced(text: str) -> str:
+    """The inside of a ```json … ``` (or ``` … ```) fence around the whole text, else the text."""
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
+        inner = text[3:-3]
+        return (inner[4:] if inner.startswith("json") else inner).strip()
+    return text
 
 
 def _call(text: str, known: set[str]) -> Call | None:

@@ -15,6 +15,8 @@ Architectures:
   llama.cpp can roll back a few tokens with `n_rs_seq`).
 - `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer.
 - `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
+- `bert`: a BERT encoder (bidirectional attention, mean pooling, no output layer): an embedding model,
+  as nomic-embed-text and bge are (`serve --embedding-model`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ SHAPES = {
     "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
                         ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "mamba")
+ARCHS = ("lfm2", "qwen35", "mamba", "bert")
 
 
 class _Tensors:
@@ -215,6 +217,31 @@ def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
         t.add(p + "ssm_out.weight", inner, s.n_embd)
 
 
+def _bert(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -> None:
+    w.add_uint32("bert.attention.head_count", s.n_head)
+    w.add_float32("bert.attention.layer_norm_epsilon", 1e-12)
+    w.add_bool("bert.attention.causal", False)
+    w.add_uint32("bert.pooling_type", 1)  # mean
+    w.add_uint32("tokenizer.ggml.token_type_count", 2)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("token_types.weight", s.n_embd, 2)
+    t.add("position_embd.weight", s.n_embd, n_ctx)
+    t.add("token_embd_norm.weight", s.n_embd, ones=True)
+    t.add("token_embd_norm.bias", s.n_embd)
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t.add(p + f"{name}.weight", s.n_embd, s.n_embd)
+            t.add(p + f"{name}.bias", s.n_embd)
+        for norm in ("attn_output_norm", "layer_output_norm"):
+            t.add(p + f"{norm}.weight", s.n_embd, ones=True)
+            t.add(p + f"{norm}.bias", s.n_embd)
+        t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
+        t.add(p + "ffn_up.bias", s.n_ff)
+        t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        t.add(p + "ffn_down.bias", s.n_embd)
+
+
 def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
           stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096) -> Path:
     if arch not in ARCHS:
@@ -234,7 +261,10 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     n_vocab = _copy_tokenizer(w, tokenizer)
     w.add_vocab_size(n_vocab)
     tensors = _Tensors(seed, stdev, noise, s.f16)
-    {"lfm2": _lfm2, "qwen35": _qwen35, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
+    if arch == "bert":
+        _bert(w, tensors, s, n_vocab, n_ctx)
+    else:
+        {"lfm2": _lfm2, "qwen35": _qwen35, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     tensors.write(w)
     w.close()
     tmp.replace(out)

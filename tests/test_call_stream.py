@@ -72,3 +72,25 @@ def test_plain_text_streams_at_once():
     stream = CallStream(TOOLS)
     assert stream.feed("Hello") == [Text("Hello")]
     assert stream.feed(" world, ") == [Text(" world, ")]
+
+
+@pytest.mark.parametrize("answer", [
+    "<tool_call>" + " " * 20_000 + "x",
+    "<tool_call>" + " " * 20_000 + "a" + " " * 20_000,
+    "```json" + " " * 20_000 + "x",
+    "```" + " " * 20_000 + "```x",
+    "<tool_call>" * 2_000 + " " * 20_000,
+])
+def test_answers_of_long_whitespace_runs_are_parsed_in_linear_time(answer):
+    """A lazy regular expression between whitespace runs backtracked in cubic time: 2,000 spaces took
+    seconds, these would take hours. Parsed on a thread that must finish (30 s: ~1000x the time it takes)."""
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(parse_calls(answer, TOOLS)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert out == [(answer, [])]
+    stream = CallStream(TOOLS)
+    pieces = stream.feed(answer) + stream.finish()
+    assert "".join(p.text for p in pieces if isinstance(p, Text)) == answer

@@ -25,8 +25,8 @@ def _engine(draft=True, drafter="auto", draft_len=None, noise=1.5, seed=3, cost=
                   cost=CostModel(dict(cost)), draft_cost_s=draft_cost)
 
 
-def _plain(prompt, n, seed=3):
-    model = ToyModel(seed=seed)
+def _plain(prompt, n, seed=3, model=None):
+    model = model or ToyModel(seed=seed)
     ctx = list(prompt)
     model.decode(ctx[:-1], 0, [])
     out = []
@@ -53,6 +53,57 @@ def test_greedy_speculative_equals_plain_token_for_token(drafter, draft_len):
         summary = events[-1]
         assert isinstance(summary, Summary)
         assert summary.generated_tokens == len(_tokens(events))
+
+
+@pytest.mark.parametrize("drafter, draft_len", [("model", 3), ("ngram", 4), ("none", None)])
+def test_log_probabilities_of_a_drafted_answer_are_plain_decodings(drafter, draft_len):
+    """Every emitted token's log-probability comes from the verify row before it: the row plain
+    decoding computes at that position, drafted or not."""
+    from localspec.engine.sampling import softmax
+
+    prompt = [0, 20, 21, 22, 23, 20, 21, 22]
+    events = list(_engine(drafter=drafter, draft_len=draft_len).generate(
+        prompt, max_tokens=40, sampling=SamplingSettings(logprobs=2)))
+    rounds = [e for e in events if isinstance(e, Round)]
+    tokens = _tokens(events)
+    logprobs = [lp for r in rounds for lp in r.logprobs]
+    assert [lp.token for lp in logprobs] == tokens == _plain(prompt, 40)
+    if drafter != "none":
+        assert events[-1].accepted > 0
+    plain = ToyModel(seed=3)
+    context = list(prompt)
+    plain.decode(context[:-1], 0, [])
+    for token, lp in zip(tokens, logprobs):
+        row = plain.decode([context[-1]], len(context) - 1, [0])[0]
+        p = softmax(row)
+        assert lp.logprob == pytest.approx(float(np.log(p[token])), abs=1e-9)
+        assert [t for t, _ in lp.top] == list(np.argsort(-row, kind="stable")[:2])
+        assert lp.top[0][1] >= lp.top[1][1] and lp.top[0][1] >= lp.logprob - 1e-12
+        context.append(token)
+    assert all(not r.logprobs for r in _engine().generate(prompt, max_tokens=8) if isinstance(r, Round))
+
+
+def test_a_client_that_leaves_during_a_long_prompt_stops_its_evaluation_between_chunks():
+    from localspec.engine.slots import PREFILL_CHUNK
+
+    cancel = threading.Event()
+
+    class Leaving(ToyModel):
+        def decode(self, tokens, start, logits_for, seq=0):
+            if len(tokens) == PREFILL_CHUNK:
+                cancel.set()  # the client leaves while the first chunk is evaluated
+            return super().decode(tokens, start, logits_for, seq)
+
+    target = Leaving(seed=3, n_ctx=2048)
+    engine = Engine(target, None, EngineOptions(drafter="none", learn_costs=False), cost=CostModel(dict(COST)))
+    prompt = [0] + [5 + i % 40 for i in range(1500)]
+    events = list(engine.generate(prompt, max_tokens=8, cancel=cancel))
+    assert isinstance(events[0], Prefill) and events[0].evaluated == PREFILL_CHUNK
+    assert target.calls == [(0, PREFILL_CHUNK)]
+    assert events[-1].stop_reason == "cancelled" and events[-1].generated_tokens == 0
+    again = list(engine.generate(prompt, max_tokens=20))  # the slot held a consistent prefix: reused
+    assert again[0].cached == PREFILL_CHUNK
+    assert _tokens(again) == _plain(prompt, 20, model=Leaving(seed=3, n_ctx=2048))
 
 
 def test_rounds_add_up_to_the_summary():

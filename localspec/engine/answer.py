@@ -102,5 +102,6 @@ class Answer:
             baseline_tokens_per_s=speedup.baseline_tokens_per_s,
             baseline_measured=speedup.measured,
             shared=step.shared,
+            logprobs=step.logprobs[:len(kept)],
         )
 

@@ -17,14 +17,14 @@ from typing import Callable, Generator, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
-from localspec.engine.constraint import Constraint, trigger_token
+from localspec.engine.constraint import Constraint, check_size, trigger_token
 from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, Vocabulary
-from localspec.engine.parallel import Guests, Lane, decode_together, prompt_chunk
+from localspec.engine.parallel import Guests, Lane, OwnFailure, decode_together, prompt_chunk
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
@@ -230,6 +230,7 @@ class Engine:
         token (Vocabulary.grammar); where it is several, the answer stays free text (as without it)."""
         if sampling.grammar is None:
             return None
+        check_size(sampling.grammar)
         trigger, vocab = sampling.grammar_trigger, self.target.vocab
         if trigger is not None and trigger_token(vocab, trigger) is None:
             return None
@@ -260,6 +261,8 @@ class Engine:
                 self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
                 yield event
                 self._paused_on = None
+        except OwnFailure as failed:  # its own tokens' evaluation failed: those that joined it go on (step_guests)
+            raise failed.error from None
         except BaseException:
             self._guests.drop()  # they cannot go on without it
             raise
@@ -346,7 +349,7 @@ class Engine:
             yield first + i, own
         yield from decode_together(lanes, self.cost.plain_tokens_per_s)
 
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
              cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         """A request decoded together with the running generation from its next step on: called between
@@ -478,7 +481,7 @@ class Engine:
 
     def _lane(self, request: Request, prefill: Prefill | None, t0: float, *, index: int = -1,
               context: list[int] | None = None, everyone: threading.Event | None = None,
-              deliver: Callable[[Event], None] | None = None, cached: int = 0) -> Lane:
+              deliver: Callable[[Event | Exception], None] | None = None, cached: int = 0) -> Lane:
         """A request's sequence: its slot, context (the prompt's, unless given), sampler and answer (time
         to its first token counted from `t0`); `everyone` cancels its group. Without `prefill`, its prompt
         is evaluated within shared steps (its slot held `cached` of it)."""
@@ -504,11 +507,13 @@ class Engine:
     def _prefill(self, request: Request, planner: Planner | None, t0: float) -> Prefill:
         """The request's prompt into a free slot (Slots.prefill); its drafters get ready for it."""
         prompt = request.prompt
-        request.kv, keep = self.slots.prefill(prompt)
-        if planner is not None:
+        request.kv, keep = self.slots.prefill(prompt, request.cancel)
+        evaluated = len(prompt) - keep  # (its last token too: the first round evaluates it)
+        if len(request.kv.tokens) < len(prompt) - 1:  # its client left meanwhile: no round follows
+            evaluated = len(request.kv.tokens) - keep
+        elif planner is not None:
             planner.prefill(prompt)
-        return Prefill(prompt_tokens=len(prompt), evaluated=len(prompt) - keep, cached=keep,
-                       seconds=time.perf_counter() - t0)
+        return Prefill(prompt_tokens=len(prompt), evaluated=evaluated, cached=keep, seconds=time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ between requests
 

@@ -39,6 +39,41 @@ class Constraint(Protocol):
     def close(self) -> None: ...
 
 
+# Each live alternative of a grammar is a stack llama.cpp advances on every token: under an alternation
+# whose members share a prefix a token costs about n² (2,000 enum members 15 ms, 4,096 68 ms, 20,000
+# seconds per token on a 2-core CPU: scripts/grammar_costs.py), all of it on the engine's thread while
+# every other request waits. Real schemas stay far below (a country list is 250).
+MAX_ALTERNATIVES = 3000
+
+
+def alternatives(gbnf: str) -> int:
+    """The alternatives (`|`) of a GBNF grammar, outside its literals, character classes and comments."""
+    count, i, n = 0, 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif c == "#":
+            while i < n and gbnf[i] != "\n":
+                i += 1
+        elif c == "|":
+            count += 1
+        i += 1
+    return count
+
+
+def check_size(gbnf: str, what: str = "The grammar") -> None:
+    """A clear refusal for a grammar that would hold the engine for long on every token."""
+    found = alternatives(gbnf)
+    if found > MAX_ALTERNATIVES:
+        raise LocalspecError(f"{what} has {found} alternatives (enum members, anyOf branches, '|'); at most "
+                             f"{MAX_ALTERNATIVES} are accepted: each is followed token by token on the engine that "
+                             "every request shares.")
+
+
 class Pieces(Protocol):
     """What finding a trigger token asks of a vocabulary (engine/model.py's Vocabulary has it)."""
 

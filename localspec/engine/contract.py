@@ -129,12 +129,13 @@ class ServedEngine(ChatEngine, Protocol):
         """Whether a request can join a running generation (`join`, then `step_guests`)."""
         ...
 
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
              cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         """Between two rounds of the running generation (on the thread consuming it), or between two
         `step_guests` once it has ended: this request is decoded in the same steps from then on, its
-        events handed to `deliver`."""
+        events handed to `deliver` (or the exception that ended it, where its own evaluation failed:
+        the others go on)."""
         ...
 
     def step_guests(self) -> bool:
@@ -166,7 +167,7 @@ class OneRequestAtATime:
     def joins(self) -> bool:
         return False
 
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event], None], *, max_tokens: int = 512,
+    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
              cancel: threading.Event | None = None, drafter: str | None = None) -> None:
         raise LocalspecError(self.message)

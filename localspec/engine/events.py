@@ -25,6 +25,16 @@ class Prefill:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """An answer token's log-probability under the target, and the most likely tokens at its position
+    (asked for with SamplingSettings.logprobs)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, log-probability), most likely first
+
+
+@dataclass(frozen=True)
 class Round:
     """One draft -> verify -> accept/reject step."""
 
@@ -47,6 +57,7 @@ class Round:
     baseline_tokens_per_s: float = 0.0  # plain decoding's rate on the answer so far, by that rule
     baseline_measured: bool = False   # from measured plain rounds (False: the calibration's estimate)
     shared: int = 0                   # other requests decoded in the same step (a server's concurrent work)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the request asked for them
 
     @property
     def drafted(self) -> int:

@@ -58,14 +58,18 @@ class KvSequence:
         try:
             logits = self.model.decode(list(tokens), len(self.tokens), list(logits_for), seq=self.seq)
         except BaseException:
-            # A decode that failed after its first chunks left them in the cache: forget them, so that
-            # what the cache holds is what `tokens` says (the next request on this slot would fail).
-            held = self.model.truncate(len(self.tokens), seq=self.seq)
-            del self.tokens[held:]
+            self.drop_unrecorded()
             raise
         self.tokens.extend(tokens)
         self.evaluated += len(tokens)
         return logits
+
+    def drop_unrecorded(self) -> None:
+        """After a failed decode: a decode that failed after its first chunks left them in the cache;
+        forget them, so that what the cache holds is what `tokens` says (the next request on this slot
+        would fail)."""
+        held = self.model.truncate(len(self.tokens), seq=self.seq)
+        del self.tokens[held:]
 
     def sync(self, context: Sequence[int]) -> np.ndarray:
         """Make the cache hold `context` and return the logits after its last token.
@@ -118,7 +122,12 @@ def extend_together(parts: Sequence[tuple[KvSequence, Sequence[int], int]]) -> l
     """Each sequence's tokens appended in one evaluation (the sequences of one model): (sequence, tokens,
     outputs) each; the logits after each of a part's last `outputs` tokens, (outputs, n_vocab)."""
     model = parts[0][0].model
-    rows = model.decode_many([(kv.seq, list(tokens), len(kv.tokens), outputs) for kv, tokens, outputs in parts])
+    try:
+        rows = model.decode_many([(kv.seq, list(tokens), len(kv.tokens), outputs) for kv, tokens, outputs in parts])
+    except BaseException:
+        for kv, _tokens, _outputs in parts:
+            kv.drop_unrecorded()
+        raise
     for kv, tokens, _outputs in parts:
         kv.tokens.extend(tokens)
         kv.evaluated += len(tokens)

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
+
 from localspec.engine.answer import Answer
 from localspec.engine.adaptive import expected_tokens, shared_lengths
 from localspec.engine.drafters import Draft
@@ -43,7 +45,17 @@ from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import Planner, Proposal, Step, proposal_of, settle
+from localspec.engine.speculative import EXACT_VERIFY_POSITIONS, Planner, Proposal, Step, proposal_of, settle
+from localspec.errors import LocalspecError
+
+
+class OwnFailure(LocalspecError):
+    """The evaluation of a generation's own tokens failed in a step shared with requests that joined it:
+    it ends with this error, they go on (`Engine.step_guests`)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -89,10 +101,11 @@ class Lane:
                                    # prompt is still evaluated in chunks
     cached: int = 0                # prompt tokens its slot held already (a joining request's)
     chunks: int = 0                # steps that evaluated a chunk of its prompt
-    deliver: Callable[[Event], None] | None = None  # where a guest's events go (a group's are yielded)
+    deliver: Callable[[Event | Exception], None] | None = None  # where a guest's events go (a group's are yielded)
     planner: Planner | None = None  # its own, if it drafts (a generation and the requests that joined it)
     started: float = field(default_factory=time.perf_counter)  # its wall time counts from here
     ended: str | None = None
+    failure: Exception | None = None  # its own evaluation failed (`step_together`): it ends with this error
 
     def stops_before_step(self) -> str | None:
         """Why this sequence cannot take part in the next step, if it cannot."""
@@ -148,11 +161,11 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
             parts.append((lane.kv, proposal.batch(lane.context), len(proposal.draft.tokens) + 1))
     t0 = time.perf_counter()
     try:
-        rows = extend_together(parts)
+        rows = _isolated(lanes, parts)
         seconds = time.perf_counter() - t0
         steps: list[Step | None] = []
         for i, (lane, logits) in enumerate(zip(lanes, rows)):
-            if i in chunks:
+            if i in chunks or logits is None:
                 steps.append(None)
                 continue
             proposal = proposals[i]
@@ -168,6 +181,25 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
     return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
 
 
+def _isolated(lanes: list[Lane], parts: list[tuple[KvSequence, list[int], int]]) -> list[np.ndarray | None]:
+    """Every part evaluated in one decode; if llama.cpp refuses it, each part alone, so that one
+    sequence's failure (its `Lane.failure`, its rows None) never ends the others' answers."""
+    try:
+        return list(extend_together(parts))
+    except (LocalspecError, ValueError) as shared:
+        if len(parts) == 1:
+            lanes[0].failure = shared
+            return [None]
+    rows: list[np.ndarray | None] = []
+    for lane, part in zip(lanes, parts):
+        try:
+            rows.append(extend_together([part])[0])
+        except (LocalspecError, ValueError) as own:
+            lane.failure = own
+            rows.append(None)
+    return rows
+
+
 def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float]]:
     """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
     `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
@@ -180,7 +212,10 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     offered: dict[int, tuple[Draft, list[float]]] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
-            draft, chances = lane.planner.shared_offer(lane.context, lane.kv.draft_room(), lane.request.constraint)
+            room = lane.kv.draft_room()
+            if lane.sampler.settings.logprobs is not None:  # (speculative.EXACT_VERIFY_POSITIONS)
+                room = min(room, EXACT_VERIFY_POSITIONS - 1)
+            draft, chances = lane.planner.shared_offer(lane.context, room, lane.request.constraint)
             if draft.tokens:
                 offered[i] = (draft, chances)
     if not offered:
@@ -241,7 +276,12 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
     host_step = steps.pop(0) if host is not None else None
     host_share = shares.pop(0) if host is not None else 0.0
     events: list[tuple[Lane, Event]] = []
+    for lane in together:
+        if lane.failure is not None:
+            lane.ended = "error"
     for lane, step, share in zip(together[1:] if host is not None else together, steps, shares):
+        if lane.failure is not None:
+            continue
         if step is not None:
             event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, share, priced=True)
             events.append((lane, event))
@@ -258,6 +298,9 @@ def decode_together(lanes: list[Lane], estimate_tokens_per_s: float) -> Iterator
         rounds, _host, _share = _advance(live)
         for lane, event in rounds:
             yield lane.index, event
+        for lane in live:
+            if lane.failure is not None:  # (the completions of one request: its failure)
+                raise lane.failure
         for lane in live:
             if lane.ended is not None:
                 for last in lane.finish(estimate_tokens_per_s):
@@ -302,12 +345,17 @@ class Guests:
             lane.deliver(event)
         for lane in [lane for lane in self.lanes if lane.ended is not None]:
             assert lane.deliver is not None
-            for last in lane.finish(self._estimate()):
-                lane.deliver(last)
+            if lane.failure is not None:
+                lane.deliver(lane.failure)  # its client gets the error; the others go on
+            else:
+                for last in lane.finish(self._estimate()):
+                    lane.deliver(last)
             lane.request.close()
             if lane.planner is not None:  # its answer is evidence, as any request's
                 lane.planner.finish(lane.context[len(lane.request.prompt):])
             self.lanes.remove(lane)
+        if host is not None and host.failure is not None:
+            raise OwnFailure(host.failure)
         return host_step, share
 
     @staticmethod

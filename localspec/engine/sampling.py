@@ -14,6 +14,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from localspec.engine.constraint import Constraint, best_allowed, masked, top_ids, top_k_allowed
+from localspec.engine.events import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class SamplingSettings:
     grammar: str | None = None
     # The grammar applies from this text on, any text before it (tool_choice auto: free text or a call).
     grammar_trigger: str | None = None
+    # Report each answer token's log-probability under the target (the raw logits' softmax, as OpenAI's
+    # `logprobs` and llama.cpp's `n_probs` mean it) with this many most likely alternatives; None: not asked.
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -58,6 +62,21 @@ def penalize(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.nd
     values = out[seen]
     out[seen] = np.where(values > 0, values / penalty, values * penalty)
     return out
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
+    """`token`'s log-probability in the distribution of the raw `logits` (no filter, no temperature),
+    and the `top` most likely tokens' (best first)."""
+    x = logits.astype(np.float64, copy=False)
+    peak = float(x.max())
+    norm = peak + float(np.log(np.exp(x - peak).sum()))
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        k = min(top, len(x))
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = tuple((int(i), float(x[i]) - norm) for i in ids)
+    return TokenLogprob(int(token), float(x[token]) - norm, best)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

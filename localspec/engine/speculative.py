@@ -21,13 +21,19 @@ from localspec.engine.adaptive import CostModel, Promises, expected_tokens
 from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
+from localspec.engine.events import TokenLogprob
 from localspec.engine.kv import KvSequence
-from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled
+from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
 
 # A draft promising less than this over plain decoding gives way to a plain round where plain decoding
 # has not been measured at the context's length yet (Planner.plain_wanted): at most
 # speedup.MIN_SAMPLES such rounds per context bucket, each costing at most this share of one round.
 PLAIN_PROBE_GAIN = 0.3
+# A verify of at most this many positions runs llama.cpp's one-token kernels on CPUs, so its rows are
+# bit-identical to plain decoding's; from 4 rows the repacked K-quant gemm sums in another order and a
+# Q4_K_M file's log-probabilities move by a few hundredths (scripts/batch_noise.py). A request that asks
+# for log-probabilities drafts within it, so the numbers it gets are plain decoding's.
+EXACT_VERIFY_POSITIONS = 3
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Step:
     token: int
     verify_s: float
     shared: int = 0  # other sequences evaluated in the same decode (requests decoded together)
+    logprobs: tuple[TokenLogprob, ...] = ()  # the kept tokens' (accepted draft, then the target's), if asked for
 
     @property
     def kind(self) -> str:
@@ -65,6 +72,8 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
     room = target.draft_room()  # draft tokens the round may verify after the pending one
     if room < 0:
         return None
+    if sampler.settings.logprobs is not None:
+        room = min(room, EXACT_VERIFY_POSITIONS - 1)
     proposal = propose(context, room, planner, sampler, constraint)
     try:
         batch = proposal.batch(context)
@@ -121,13 +130,18 @@ def settle(target: KvSequence, context: list[int], proposal: Proposal, logits: n
     accepted."""
     draft = proposal.draft
     accepted, token = decide(logits, context, draft, sampler, proposal.rows, proposal.q_next)
+    kept = [*draft.tokens[:accepted], token]
+    top = sampler.settings.logprobs
+    # Row i is the target's distribution before kept token i, drafted or not: the same row plain
+    # decoding would have had, so the log-probabilities are plain decoding's.
+    logprobs = () if top is None else tuple(token_logprob(logits[i], t, top) for i, t in enumerate(kept))
     target.rewind(len(context) + accepted)  # keep pending + accepted draft tokens
     context.extend(draft.tokens[:accepted])
     context.append(token)
     if constraint is not None:
-        for kept in [*draft.tokens[:accepted], token]:
-            constraint.accept(kept)
-    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s, shared=shared)
+        for t in kept:
+            constraint.accept(t)
+    return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s, shared=shared, logprobs=logprobs)
 
 
 def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Constraint | None], np.ndarray | None]:

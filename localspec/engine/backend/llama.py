@@ -8,7 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp as L
 import numpy as np
@@ -271,6 +271,7 @@ class Model(_Metadata):
         self.options = options or ModelOptions()
         self._model = self._ctx = None
         self._batch = None
+        self._attached: list[Callable[[], None]] = []
         self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers(),
                                   load_mode=self.options.load_mode(), devices=self.options.devices,
                                   tensor_split=self.options.tensor_split)
@@ -500,6 +501,11 @@ class Model(_Metadata):
         self._removable = [0] * self.n_seq
         self._checkpoints = [[] for _ in range(self.n_seq)]
 
+    def attach(self, close: Callable[[], None]) -> None:
+        """A context of another kind on these weights (backend/embedding.py): `close` frees it, and runs
+        before the weights are freed."""
+        self._attached.append(close)
+
     # --- lifetime
 
     @property
@@ -507,6 +513,9 @@ class Model(_Metadata):
         return self._ctx is None
 
     def close(self) -> None:
+        attached, self._attached = getattr(self, "_attached", []), []
+        for close in attached:  # (their contexts use these weights)
+            close()
         if self._batch is not None:
             L.llama_batch_free(self._batch)
             self._batch = None
