@@ -287,13 +287,17 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
 @click.option("--cache-reuse", type=click.IntRange(0, 100_000), default=16, show_default=True,
               help="Reuse cached runs of at least this many tokens that moved within the prompt, by shifting them in "
                    "the KV cache (llama-server's --cache-reuse; an editor's window of the file slides). 0: prefix only.")
+@click.option("--embedding-model", default=None, metavar="ID|PATH",
+              help="Answer embedding requests (/v1/embeddings, /api/embed, /embedding) with this GGUF, a catalog id "
+                   "or a path. Default: the target's own weights, mean-pooled.")
 @no_history_option
 @click.option("--max-request-mb", type=click.FloatRange(0, min_open=True), default=None,
               help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
                    "max_request_mb, 8).")
 @rpc_options
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, no_join, no_interject,
-          temperature, gpu_layers, cache_reuse, no_history_drafts, max_request_mb, rpc, rpc_allow_public, tensor_split) -> None:
+          temperature, gpu_layers, cache_reuse, embedding_model, no_history_drafts, max_request_mb, rpc, rpc_allow_public,
+          tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -312,7 +316,7 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
                max_body=int((max_request_mb or config.max_request_mb) * 2**20), interject=not no_interject,
-               join=not no_join,
+               join=not no_join, embedding_model=embedding_model,
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

@@ -246,3 +246,145 @@ def test_the_engine_measures_its_costs_again_only_once_requests_have_paused(monk
         asyncio.run(requests())
     finally:
         scheduler.close()
+
+
+def test_work_called_on_the_engine_thread_runs_a_step_between_two_rounds_of_a_generation():
+    """`Scheduler.call` (an embedding's chunks): each step between two rounds of the chat generating,
+    which goes on as it would alone; an exception in a step reaches the caller; the engine keeps
+    serving."""
+    scheduler = _scheduler()
+    target = scheduler.engine.target
+    steps_at: list[int] = []  # decodes done when each step ran
+
+    def steps(n: int):
+        for _ in range(n - 1):
+            steps_at.append(len(target.log))
+            yield None
+        steps_at.append(len(target.log))
+        yield "done"
+
+    def failing():
+        yield None
+        raise ValueError("bad text")
+
+    async def scenario():
+        finished: list[str] = []
+        chat = asyncio.create_task(_run(scheduler, Job(CHAT, 200, SamplingSettings(), endpoint="chat"), finished,
+                                        "chat"))
+        while not scheduler.running:
+            await asyncio.sleep(0.001)
+        result = await scheduler.call(steps(6), endpoint="embeddings")
+        with pytest.raises(ValueError, match="bad text"):
+            await scheduler.call(failing())
+        with pytest.raises(RuntimeError, match="without a result"):
+            await scheduler.call(iter(()))
+        return await chat, result, finished
+
+    try:
+        chat, result, finished = asyncio.run(scenario())
+        alone = asyncio.run(scheduler.call(steps(2)))  # nothing generating: at once
+    finally:
+        scheduler.close()
+    assert result == "done" and alone == "done" and finished == ["chat"]
+    assert answer_tokens(chat) == _plain(CHAT, 200)
+    during = steps_at[:6]
+    assert all(b > a for a, b in zip(during, during[1:]))  # the chat decoded between every two steps
+    assert scheduler.metrics.requests["embeddings"] == 1
+
+
+def test_a_request_beyond_the_queue_limit_is_refused_at_once(monkeypatch):
+    from localspec.errors import EngineUnavailableError
+    from localspec.server import scheduler as scheduling
+
+    monkeypatch.setattr(scheduling, "MAX_QUEUED", 2)
+    engine = _engine()
+    scheduler = Scheduler(engine, interject=False, batch=False, clock=lambda: engine.target.clock)
+
+    async def first(job):
+        return [event async for event in scheduler.generate(job)]
+
+    async def scenario():
+        running = asyncio.create_task(first(Job(CHAT, 200, SamplingSettings(), endpoint="chat")))
+        while not scheduler.running:
+            await asyncio.sleep(0.001)
+        waiting = [asyncio.create_task(first(Job(COMPLETION, 4, SamplingSettings(), endpoint="chat")))
+                   for _ in range(2)]
+        while len(scheduler._jobs) < 2:
+            await asyncio.sleep(0.001)
+        with pytest.raises(EngineUnavailableError, match="2 requests are waiting"):
+            await first(Job(COMPLETION, 4, SamplingSettings(), endpoint="chat"))
+        return await running, [await w for w in waiting]
+
+    try:
+        chat, waited = asyncio.run(scenario())
+    finally:
+        scheduler.close()
+    assert answer_tokens(chat) == _plain(CHAT, 200)
+    assert all(answer_tokens(w) == _plain(COMPLETION, 4) for w in waited)
+
+
+class FailingToy(SlowToy):
+    """llama.cpp refusing one sequence's tokens: any decode of a sequence whose first token is POISONED,
+    or of sequence `fail[0]` past position `fail[1]`, fails (as llama_decode fails the whole batch)."""
+
+    POISONED = 2
+
+    def __init__(self, *args, fail: tuple[int, int] | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.fail = fail
+
+    def _check(self, seq, tokens, start):
+        from localspec.errors import LocalspecError
+
+        first = self.seqs[seq][0] if start else tokens[0]
+        if first == self.POISONED or (self.fail and seq == self.fail[0] and start + len(tokens) > self.fail[1]):
+            raise LocalspecError("llama_decode failed with code -1")
+
+    def decode(self, tokens, start, logits_for, seq=0):
+        self._check(seq, tokens, start)
+        return super().decode(tokens, start, logits_for, seq)
+
+    def decode_many(self, parts):
+        for seq, tokens, start, _outputs in parts:
+            self._check(seq, tokens, start)
+        return super().decode_many(parts)
+
+
+@pytest.mark.parametrize("failing", ["guest", "host"])
+def test_one_requests_failed_evaluation_never_ends_the_answer_decoded_beside_it(failing):
+    """A request that joined a generation shares its decodes: when llama.cpp refuses one sequence's
+    tokens, that request gets the error and the other's answer goes on, as it would alone (and the
+    engine serves the next request)."""
+    from localspec.errors import LocalspecError
+
+    target = FailingToy(seed=3, n_seq=4, fail=(0, len(CHAT) + 40) if failing == "host" else None)
+    engine = Engine(target, None, EngineOptions(drafter="none", learn_costs=False), cost=CostModel(dict(COST)))
+    scheduler = Scheduler(engine, clock=lambda: engine.target.clock)
+    guest_prompt = [FailingToy.POISONED, *OTHER_CHAT[1:]] if failing == "guest" else OTHER_CHAT
+
+    async def collect(prompt, tokens):
+        try:
+            return [event async for event in scheduler.generate(Job(prompt, tokens, SamplingSettings(),
+                                                                    endpoint="chat"))]
+        except LocalspecError as exc:
+            return exc
+
+    async def scenario():
+        host = asyncio.create_task(collect(CHAT, 200))
+        while not scheduler.running:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)
+        guest = await collect(guest_prompt, 60)
+        return await host, guest, await collect(COMPLETION, 8)
+
+    try:
+        host, guest, after = asyncio.run(scenario())
+    finally:
+        scheduler.close()
+    assert scheduler.joined == 1
+    if failing == "guest":
+        assert isinstance(guest, LocalspecError) and answer_tokens(host) == _plain(CHAT, 200)
+    else:
+        assert isinstance(host, LocalspecError) and answer_tokens(guest) == _plain(OTHER_CHAT, 60)
+    assert answer_tokens(after) == _plain(COMPLETION, 8) and scheduler.metrics.errors == 1
+    assert scheduler.engine.free_slots() == 4 and scheduler.waiting == 0

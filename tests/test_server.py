@@ -405,6 +405,8 @@ def test_a_client_that_disconnects_frees_the_engine_for_the_next(server):
     ("/infill", {"input_suffix": "x"}, "'input_prefix' is required"),
     ("/completion", {"prompt": "word " * 600}, "context"),
     ("/completion", [1, 2, 3], "JSON object"),
+    ("/completion", {"prompt": "x", "stop": [f"s{i}" for i in range(100)]}, "at most 64 strings"),
+    ("/completion", {"prompt": "x", "stop": "y" * 100_000}, "at most 500 characters"),
 ])
 def test_llama_dialect_bad_input_gets_400_envelopes(server, path, body, needle):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -553,3 +555,23 @@ def test_token_ids_outside_the_vocabulary_are_refused(server):
         assert r.status_code == 400 and "outside this model's vocabulary" in r.json()["error"]["message"], r.text
     r = post(server, "/completion", {"prompt": good[:300], "n_predict": 2})
     assert r.status_code == 200, r.text
+
+
+def test_health_answers_while_a_large_body_is_tokenized(server):
+    """Tokenizing 7 MB of prompt takes seconds; it runs off the event loop, so /health (and every other
+    request's response) is served meanwhile. The prompt then exceeds the context: a clear 400."""
+    result = {}
+
+    def big():
+        result["response"] = httpx.post(server.url + "/completion", timeout=120, json={
+            "prompt": "word salad, with punctuation! and 123 numbers\n" * 150_000, "n_predict": 4})
+        result["done"] = time.monotonic()
+
+    worker = threading.Thread(target=big)
+    worker.start()
+    time.sleep(0.8)  # the body is sent and being tokenized
+    health = httpx.get(server.url + "/health", timeout=60)
+    answered = time.monotonic()
+    worker.join()
+    assert health.status_code == 200 and answered < result["done"]
+    assert result["response"].status_code == 400 and "context" in result["response"].text

@@ -238,15 +238,24 @@ def test_llama_cpp_completion_with_json_schema_and_grammar(qwen_server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "no tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      "tools[0]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "needs logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 99},
+     "between 0 and 20"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2, "echo": True}, "echo with logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]},
      "deprecated"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
                               "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
     ("/api/chat", {"model": "localspec", "messages": [{"role": "user", "content": "x"}], "format": "yaml"},
      "format must be"),
-    ("/completion", {"prompt": "x", "n_probs": 5}, "n_probs"),
+    ("/completion", {"prompt": "x", "n_probs": -1}, "n_probs must be"),
+    ("/completion", {"prompt": "x", "n_probs": 500}, "n_probs must be"),
     ("/completion", {"prompt": "x", "mirostat": 2}, "mirostat"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "big", "schema": {"enum": [f"value-{i}" for i in range(20_000)]}}}},
+     "at most 3000"),
+    ("/completion", {"prompt": "x", "grammar": "root ::= " + " | ".join(f'"v{i}"' for i in range(5000))}, "at most 3000"),
+    ("/api/generate", {"model": "localspec", "prompt": "x", "format": {"enum": list(range(4000))}}, "at most 3000"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"42": 5}}, "logit_bias"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
      "presence_penalty"),
@@ -296,3 +305,16 @@ def test_greedy_output_under_a_grammar_is_the_same_with_and_without_drafting(smo
     assert forced > 0  # the schema's key names, drafted from the grammar alone
     for runs in answers.values():
         assert all(run == runs[0] for run in runs) and len(runs[0]) > 5
+
+
+def test_a_200_deep_schema_is_answered_under_its_grammar(qwen_server):
+    schema: dict = {"type": "object", "properties": {}, "required": ["a"]}
+    inner = schema
+    for _ in range(200):
+        inner["properties"]["a"] = {"type": "object", "properties": {}, "required": ["a"]}
+        inner = inner["properties"]["a"]
+    del inner["required"]
+    out = httpx.post(qwen_server.url + "/completion", timeout=120, json={
+        "prompt": "JSON:", "json_schema": schema, "n_predict": 24, "temperature": 0})
+    assert out.status_code == 200, out.text
+    assert out.json()["content"].replace(" ", "").replace("\n", "").startswith('{"a":{"a":')

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec import __version__
 from localspec.errors import LocalspecError
-from localspec.server import llamacpp, native, ollama, openai
+from localspec.server import embeddings, llamacpp, native, ollama, openai
 from localspec.server.common import ApiError, Served, compact
 from localspec.server.common import api_error as common_api_error
 
@@ -148,7 +148,7 @@ def create_server_app(served: Served, *, api_key: str | None = None, any_host: b
     def root():
         return {"name": "localspec", "version": __version__, "model": served.name}
 
-    for module in (llamacpp, openai, ollama, native):
+    for module in (llamacpp, openai, ollama, native, embeddings):
         app.include_router(module.router(served))
     return app
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 from fastapi.responses import StreamingResponse
@@ -40,6 +40,12 @@ def api_error(exc: Exception) -> ApiError:
     if isinstance(exc, LocalspecError):
         return ApiError(400, str(exc))
     return ApiError(500, str(exc), "server_error")
+
+
+# Stop strings are searched for after every token, each prefix of each one against the text's tail: a
+# client's list stays far below these (Continue sends about 10, of a few characters).
+MAX_STOPS = 64
+MAX_STOP_CHARS = 500
 
 
 class Loose(BaseModel):
@@ -111,6 +117,7 @@ class Served:
     quantization: str = ""
     created: int = 0
     temperature: float | None = None   # for requests that set none (`serve --temp`); None: each dialect's default
+    embeddings: list = field(default_factory=list)  # what answers embedding requests (server/embeddings.py), first the default
 
     def check_model(self, requested: str | None) -> None:
         if not requested:
@@ -144,8 +151,10 @@ class Served:
             raise ApiError(400, str(exc)) from None
 
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None,
-                 grammar: str | None = None, trigger: str | None = None) -> SamplingSettings:
-        """`seed`: this completion's own, over the request's (n_cmpl: the request's seed plus its index)."""
+                 grammar: str | None = None, trigger: str | None = None,
+                 logprobs: int | None = None) -> SamplingSettings:
+        """`seed`: this completion's own, over the request's (n_cmpl: the request's seed plus its index);
+        `logprobs`: alternatives per token when log-probabilities are asked for (server/logprobs.py)."""
         d = SamplingSettings()
         return SamplingSettings(
             temperature=f.temperature if f.temperature is not None else
@@ -158,11 +167,12 @@ class Served:
             samplers=sampler_chain(getattr(f, "samplers", None)),
             grammar=grammar,
             grammar_trigger=trigger,
+            logprobs=logprobs,
         )
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
             endpoint: str, seed: int | None = None, grammar: str | None = None, urgent: bool = False,
-            tools: list[Tool] | None = None, parallel_calls: bool = False) -> Job:
+            tools: list[Tool] | None = None, parallel_calls: bool = False, logprobs: int | None = None) -> Job:
         """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
         (localspec/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds
         of a generation that holds the engine, scheduler.py); `tools` the model may call, where no grammar
@@ -182,10 +192,13 @@ class Served:
         if max_tokens is None or max_tokens < 0:
             max_tokens = room
         stops = [f.stop] if isinstance(f.stop, str) else list(f.stop or [])
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(400, f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters "
+                                f"(got {len(stops)}, the longest {max(map(len, stops))}).")
         if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
             raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
-                   sampling=self.sampling(f, default_temperature, seed, grammar, trigger), stop=tuple(s for s in stops if s),
+                   sampling=self.sampling(f, default_temperature, seed, grammar, trigger, logprobs), stop=tuple(s for s in stops if s),
                    drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint,
                    urgent=urgent)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -14,6 +15,7 @@ from pydantic import Field
 from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
+from localspec.server import logprobs as lp
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
                                      compact, fim_tokens, speculation, stream)
 from localspec.structured import llama_cpp_grammar
@@ -37,6 +39,7 @@ class CompletionRequest(SamplingFields):
     n: int | None = Field(None, ge=1, le=16)
     model: str | None = None
     samplers: list[str] | str | None = None  # llama.cpp's chain, e.g. llama.vim's ["top_k", "top_p", "infill"]
+    n_probs: int = 0  # each token's log-probability and this many alternatives' (0: none)
 
 
 class InfillRequest(CompletionRequest):
@@ -90,16 +93,16 @@ def router(served: Served) -> APIRouter:
         served.check_model(body.model)
         if isinstance(body.prompt, list):
             tokens = list(body.prompt)
-        else:
-            tokens = served.text_tokens(body.prompt, special=True)
+        else:  # (off the event loop: a large body takes a while to tokenize, and /health must answer meanwhile)
+            tokens = await asyncio.to_thread(served.text_tokens, body.prompt, special=True)
         return await _respond(served, request, body, tokens, "completion")
 
     @api.post("/infill")
     async def infill(body: InfillRequest, request: Request):
         served.check_model(body.model)
         extra = [(c.filename or "tmp", c.text) for c in body.input_extra]
-        tokens = fim_tokens(served, body.input_prefix, body.input_suffix, extra, body.prompt,
-                            n_predict=body.n_predict if body.n_predict > 0 else 128)
+        tokens = await asyncio.to_thread(fim_tokens, served, body.input_prefix, body.input_suffix, extra, body.prompt,
+                                         n_predict=body.n_predict if body.n_predict > 0 else 128)
         return await _respond(served, request, body, tokens, "infill")
 
     return api
@@ -109,7 +112,7 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     n_predict = body.n_predict
     warm_up = n_predict == 0
     count = body.n_cmpl or body.n or 1
-    grammar = llama_cpp_grammar(body.grammar, body.json_schema)
+    grammar = await asyncio.to_thread(llama_cpp_grammar, body.grammar, body.json_schema)
     if body.stream:
         if count > 1:
             raise ApiError(400, "n_cmpl > 1 is not supported with stream; ask for one completion per request.")
@@ -117,11 +120,14 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     if count > 1 and not warm_up:
         return await _respond_each(served, request, body, tokens, endpoint, grammar, count)
     job = served.job(tokens, 1 if warm_up else n_predict, body, DEFAULT_TEMPERATURE, endpoint, seed=body.seed,
-                     grammar=grammar, urgent=endpoint == "infill" and not warm_up)  # (a warm-up only fills a cache)
+                     grammar=grammar, urgent=endpoint == "infill" and not warm_up,  # (a warm-up only fills a cache)
+                     logprobs=_top(body))
     prefill, events = await served.start(job, request)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
+    kept = lp.Pending()
 
     def on_round(event: Round) -> None:
+        kept.add(event)
         limits.feed(event)
         if limits.hit:
             job.limited = True
@@ -129,7 +135,8 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
 
     summary = await collect(request, job, events, on_round)
     content = "" if warm_up else limits.text
-    result = _shape(_result(served, content, prefill, summary, limits.hit, warm_up), body.response_fields)
+    result = _shape({**_result(served, content, prefill, summary, limits.hit, warm_up),
+                     **_probabilities(served, body, kept)}, body.response_fields)
     return Response(compact(result if count == 1 else [result]), media_type="application/json")
 
 
@@ -137,13 +144,16 @@ async def _respond_each(served: Served, request: Request, body: CompletionReques
                         grammar: str | None, count: int) -> Response:
     """`n_cmpl` completions of one prompt, decoded together (the engine's generate_many): one array."""
     jobs = [served.job(tokens, body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=endpoint == "infill")
+                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=endpoint == "infill",
+                       logprobs=_top(body))
             for i in range(count)]
     whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
     first, events = await served.start(whole, request)
     limits = [Limits(body.n_indent, body.t_max_predict_ms) for _ in jobs]
+    kept = [lp.Pending() for _ in jobs]
 
     def on_round(i: int, event: Round) -> None:
+        kept[i].add(event)
         limits[i].feed(event)
         if limits[i].hit:
             jobs[i].limited = True
@@ -151,27 +161,33 @@ async def _respond_each(served: Served, request: Request, body: CompletionReques
 
     prefills, summaries = await collect_each(request, whole, events, on_round)
     prefills[0] = first
-    results = [_shape({**_result(served, limits[i].text, prefills[i], summaries[i], limits[i].hit, False), "index": i},
-                      body.response_fields) for i in range(count)]
+    results = [_shape({**_result(served, limits[i].text, prefills[i], summaries[i], limits[i].hit, False), "index": i,
+                       **_probabilities(served, body, kept[i])}, body.response_fields) for i in range(count)]
     return Response(compact(results), media_type="application/json")
 
 
 async def _stream(served: Served, request: Request, body: CompletionRequest, tokens: list[int],
                   endpoint: str, grammar: str | None) -> StreamingResponse:
     job = served.job(tokens, 1 if body.n_predict == 0 else body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                     grammar=grammar, urgent=endpoint == "infill" and body.n_predict != 0)
+                     grammar=grammar, urgent=endpoint == "infill" and body.n_predict != 0, logprobs=_top(body))
     prefill, events = await served.start(job, request)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
+    pending = lp.Pending()
 
     def chunk(event: Round) -> bytes | None:
+        pending.add(event)
         piece = limits.feed(event)
         if limits.hit:
             job.limited = True
             job.cancel.set()
-        return b"data: " + compact({"content": piece, "stop": False, "index": 0}) + b"\n\n" if piece else None
+        if not piece:
+            return None
+        return b"data: " + compact({"content": piece, "stop": False, "index": 0,
+                                    **_probabilities(served, body, pending)}) + b"\n\n"
 
     def final(event: Summary) -> list[bytes]:
-        result = _result(served, "", prefill, event, limits.hit, body.n_predict == 0)
+        result = {**_result(served, "", prefill, event, limits.hit, body.n_predict == 0),
+                  **_probabilities(served, body, pending)}
         return [b"data: " + compact(_shape(result, body.response_fields)) + b"\n\n"]
 
     return stream(events, StreamFormat(
@@ -181,6 +197,18 @@ async def _stream(served: Served, request: Request, body: CompletionRequest, tok
         error=lambda exc: b"data: " + compact({"error": {"code": exc.status, "message": exc.message,
                                                          "type": exc.kind}}) + b"\n\n",
     ))
+
+
+def _top(body: CompletionRequest) -> int | None:
+    """llama.cpp's n_probs: alternatives per token, log-probabilities asked for when above 0."""
+    return lp.checked_top(body.n_probs, "n_probs") if body.n_probs else None
+
+
+def _probabilities(served: Served, body: CompletionRequest, kept: lp.Pending) -> dict:
+    """`completion_probabilities` of the tokens since the last chunk, when n_probs asks for them."""
+    if not body.n_probs:
+        return {}
+    return {"completion_probabilities": lp.llama_cpp(served.vocab.token_bytes, kept.take())}
 
 
 def _result(served: Served, content: str, prefill: Prefill, summary: Summary, limited: bool, warm_up: bool) -> dict:

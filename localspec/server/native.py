@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
@@ -42,12 +44,16 @@ def router(served: Served) -> APIRouter:
 
     @api.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        if body.messages is not None:
-            tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
-        else:
-            tokens = served.text_tokens(body.prompt or "", special=False)
-        job = served.job(tokens, body.max_tokens, body, 0.0, "native",
-                         grammar=llama_cpp_grammar(body.grammar, body.json_schema))
+
+        def prepare():  # (on a thread: the template, tokenizing and a schema take a while)
+            if body.messages is not None:
+                tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
+            else:
+                tokens = served.text_tokens(body.prompt or "", special=False)
+            return served.job(tokens, body.max_tokens, body, 0.0, "native",
+                              grammar=llama_cpp_grammar(body.grammar, body.json_schema))
+
+        job = await asyncio.to_thread(prepare)
         first, events = await served.start(job, request)
 
         def line(event: Prefill | Round | Summary) -> bytes:

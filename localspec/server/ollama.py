@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime, timezone
 
@@ -10,7 +11,8 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from localspec import __version__
-from localspec.engine.events import Prefill, Summary
+from localspec.engine.events import Prefill, Round, Summary
+from localspec.server import logprobs as lp
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation)
 from localspec.server.common import stream as stream_events  # `stream` is also a request field here
@@ -35,6 +37,8 @@ class GenerateRequest(Loose):
     options: Options = Options()
     keep_alive: str | int | None = None
     format: str | dict | None = None     # "json" or a JSON schema the answer must follow
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class ChatMessage(Loose):
@@ -53,6 +57,8 @@ class ChatRequest(Loose):
     options: Options = Options()
     format: str | dict | None = None
     tools: list[dict] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class ShowRequest(Loose):
@@ -85,33 +91,45 @@ def router(served: Served) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request):
         served.check_model(body.model)
         _refuse(body, ("images", "template", "context"))
-        if body.suffix is not None and not body.raw:
-            tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
-        elif body.raw:
-            tokens = served.text_tokens(body.prompt, special=True)
-        else:
-            if not body.prompt:
-                # Ollama loads the model and answers done for an empty prompt.
-                return Response(compact({"model": body.model, "created_at": _now(), "response": "", "done": True,
-                                         "done_reason": "load"}) + b"\n", media_type="application/x-ndjson")
-            messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
-                [{"role": "user", "content": body.prompt}]
-            tokens = served.chat_tokens(messages)
+        if not body.prompt and body.suffix is None and not body.raw:
+            # Ollama loads the model and answers done for an empty prompt.
+            return Response(compact({"model": body.model, "created_at": _now(), "response": "", "done": True,
+                                     "done_reason": "load"}) + b"\n", media_type="application/x-ndjson")
+
+        def prepare() -> tuple[list[int], str | None]:  # (on a thread: templates, tokenizing, schemas take a while)
+            if body.suffix is not None and not body.raw:
+                tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
+            elif body.raw:
+                tokens = served.text_tokens(body.prompt, special=True)
+            else:
+                messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
+                    [{"role": "user", "content": body.prompt}]
+                tokens = served.chat_tokens(messages)
+            return tokens, _format(body.format)
+
+        tokens, grammar = await asyncio.to_thread(prepare)
         return await _respond(served, request, body.model, body.options, tokens, body.stream, "generate", chat=False,
-                              grammar=_format(body.format), urgent=body.suffix is not None and not body.raw)
+                              grammar=grammar, urgent=body.suffix is not None and not body.raw,
+                              top=lp.top_count(body.logprobs, body.top_logprobs))
 
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
         for message in body.messages:
             _refuse(message, ("images",), "messages[].")
-        tools = tools_of(body.tools)
-        if tools:
-            check_template(served.engine.chat_template)
-        messages = template_messages([m.for_template() for m in body.messages])
-        tokens = served.chat_tokens(messages, [t.as_template_value() for t in tools] or None)
+
+        def prepare() -> tuple[list[Tool], list[int], str | None]:
+            tools = tools_of(body.tools)
+            if tools:
+                check_template(served.engine.chat_template)
+            messages = template_messages([m.for_template() for m in body.messages])
+            tokens = served.chat_tokens(messages, [t.as_template_value() for t in tools] or None)
+            return tools, tokens, _format(body.format)
+
+        tools, tokens, grammar = await asyncio.to_thread(prepare)
         return await _respond(served, request, body.model, body.options, tokens, body.stream, "api_chat", chat=True,
-                              grammar=_format(body.format), tools=tools)
+                              grammar=grammar, tools=tools,
+                              top=lp.top_count(body.logprobs, body.top_logprobs))
 
     return api
 
@@ -161,12 +179,16 @@ def _format(fmt: str | dict | None) -> str | None:
 
 async def _respond(served: Served, request: Request, model: str, options: Options, tokens: list[int], stream: bool,
                    endpoint: str, chat: bool, grammar: str | None = None, tools: list[Tool] | None = None,
-                   urgent: bool = False):
-    """With tools, the answer's calls are parsed out of it, and a stream sends them in its last line."""
+                   urgent: bool = False, top: int | None = None):
+    """With tools, the answer's calls are parsed out of it, and a stream sends them in its last line.
+    `top`: log-probabilities asked for, with this many alternatives per token; each line carries those
+    of its tokens."""
     limit = options.num_predict if options.num_predict is not None and options.num_predict >= 0 else None
-    job = served.job(tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
-                     tools=tools, parallel_calls=True)  # Ollama has no field for it and returns every call
+    job = await asyncio.to_thread(served.job, tokens, limit, options, DEFAULT_TEMPERATURE, endpoint, grammar=grammar,
+                                  urgent=urgent, tools=tools, logprobs=top,
+                                  parallel_calls=True)  # Ollama has no field for it and returns every call
     prefill, events = await served.start(job, request)
+    pending = lp.Pending()
 
     def line(text: str | None, summary: Summary | None = None, calls: list[Call] | None = None) -> bytes:
         out: dict = {"model": model, "created_at": _now()}
@@ -176,20 +198,27 @@ async def _respond(served: Served, request: Request, model: str, options: Option
                 out["message"]["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         else:
             out["response"] = text or ""
+        if top is not None:
+            out["logprobs"] = lp.token_entries(served.vocab.token_bytes, pending.take())
         out["done"] = summary is not None
         if summary is not None:
             out.update(_final(prefill, summary))
         return compact(out) + b"\n"
 
     if not stream or tools:
-        summary = await collect(request, job, events)
+        summary = await collect(request, job, events, pending.add)
         content, calls = parse_calls(summary.text, tools or [])
         if not stream:
             return Response(line(content, summary, calls), media_type="application/json")
         return Response(line(content) + line("", summary, calls), media_type="application/x-ndjson")
+
+    def streamed(event: Round) -> bytes | None:
+        pending.add(event)
+        return line(event.text) if event.text else None
+
     return stream_events(events, StreamFormat(
         media_type="application/x-ndjson",
-        round=lambda event: line(event.text) if event.text else None,
+        round=streamed,
         summary=lambda event: [line("", event)],
         error=lambda exc: compact({"error": exc.message}) + b"\n",
     ))

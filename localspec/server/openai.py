@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -15,6 +16,7 @@ from pydantic import Field
 
 from localspec.call_stream import CallStart, CallStream, Piece, Text
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.server import logprobs as lp
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
                                      compact, fim_tokens, finish_reason, speculation, stream)
 from localspec.structured import (Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
@@ -60,6 +62,8 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -71,6 +75,7 @@ class CompletionRequest(SamplingFields):
     stream_options: StreamOptions | None = None
     echo: bool = False
     n: int = Field(1, ge=1, le=16)
+    logprobs: int | None = None   # legacy completions: the alternatives per token (0: the token's own only)
 
 
 def _text(content) -> str:
@@ -100,12 +105,16 @@ def router(served: Served) -> APIRouter:
         served.check_model(body.model)
         if body.functions or body.function_call:
             raise ApiError(400, "functions and function_call are OpenAI's deprecated form; send tools and tool_choice.")
-        tools, grammar = _structure(served, body)
-        messages = template_messages([m.for_template() for m in body.messages])
-        listed = [t.as_template_value() for t in tools] or None
+
+        def prepare() -> tuple[list[Tool], str | None, list[int]]:  # (on a thread: schemas, template, tokenizing)
+            tools, grammar = _structure(served, body)
+            messages = template_messages([m.for_template() for m in body.messages])
+            listed = [t.as_template_value() for t in tools] or None
+            return tools, grammar, served.chat_tokens(messages, listed)
+
+        tools, grammar, tokens = await asyncio.to_thread(prepare)
         limit = body.max_completion_tokens or body.max_tokens or body.n_predict
-        return await _answer(served, request, body, served.chat_tokens(messages, listed), limit, chat=True,
-                             grammar=grammar, tools=tools)
+        return await _answer(served, request, body, tokens, limit, chat=True, grammar=grammar, tools=tools)
 
     @api.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -116,13 +125,17 @@ def router(served: Served) -> APIRouter:
             prompt = body.prompt[0]
         else:
             prompt = body.prompt
-        if body.suffix is not None:
-            tokens = fim_tokens(served, prompt, body.suffix, [], n_predict=body.max_tokens or 16)
-        else:
-            tokens = served.text_tokens(prompt, special=False)
+
+        def prepare() -> tuple[list[int], str | None]:
+            if body.suffix is not None:
+                tokens = fim_tokens(served, prompt, body.suffix, [], n_predict=body.max_tokens or 16)
+            else:
+                tokens = served.text_tokens(prompt, special=False)
+            return tokens, llama_cpp_grammar(body.grammar, body.json_schema)
+
+        tokens, grammar = await asyncio.to_thread(prepare)
         return await _answer(served, request, body, tokens, max(1, body.max_tokens or 16), chat=False,
-                             echo=prompt if body.echo else "", grammar=llama_cpp_grammar(body.grammar, body.json_schema),
-                             urgent=body.suffix is not None)
+                             echo=prompt if body.echo else "", grammar=grammar, urgent=body.suffix is not None)
 
     return api
 
@@ -172,21 +185,25 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     """The rest of both endpoints: queue the job, then stream it (SSE) or answer once with the whole text.
     With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
     endpoint = "chat" if chat else "completions"
+    top = _top(body, echo)
     if body.n > 1:
         return await _answer_each(served, request, body, tokens, limit, chat=chat, echo=echo, grammar=grammar,
-                                  tools=tools, urgent=urgent)
-    job = served.job(tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar, urgent=urgent,
-                     tools=tools, parallel_calls=_parallel(body))
+                                  tools=tools, urgent=urgent, top=top)
+    job = await asyncio.to_thread(served.job, tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar,
+                                  urgent=urgent, tools=tools, parallel_calls=_parallel(body), logprobs=top)
     prefill, events = await served.start(job, request)
     ident, created = _ident(chat), int(time.time())
     usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     if body.stream:
         kind = "chat.completion.chunk" if chat else "text_completion"
-        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat, tools=tools)
-    summary = await collect(request, job, events)
+        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat, tools=tools,
+                    logprobs=top is not None)
+    kept = lp.Pending()
+    summary = await collect(request, job, events, kept.add)
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-        "model": served.name, "choices": [_choice(0, summary, tools or [], chat, echo)],
+        "model": served.name,
+        "choices": [_choice(0, summary, tools or [], chat, echo, _logprobs(served, chat, kept, top, len(echo)))],
         "usage": _usage(prefill, [summary]),
         "localspec": speculation(summary),
     })
@@ -194,25 +211,29 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
 
 async def _answer_each(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
                        limit: int | None, *, chat: bool, echo: str, grammar: str | None, tools: list[Tool] | None,
-                       urgent: bool) -> Response:
+                       urgent: bool, top: int | None) -> Response:
     """`n` choices of one prompt, decoded together (the engine's generate_many); the seeds are the
     request's plus each choice's index."""
-    jobs = [served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions",
-                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent,
-                       tools=tools, parallel_calls=_parallel(body))
-            for i in range(body.n)]
+    jobs = await asyncio.to_thread(lambda: [
+        served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions",
+                   seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent,
+                   tools=tools, parallel_calls=_parallel(body), logprobs=top)
+        for i in range(body.n)])
     whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
     prefill, events = await served.start(whole, request)
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(served, events, prefill, _ident(chat),
                     int(time.time()), "chat.completion.chunk" if chat else "text_completion", usage, chat=chat,
-                    tools=tools, n=body.n)
-    _prefills, summaries = await collect_each(request, whole, events, lambda _i, _event: None)
+                    tools=tools, n=body.n, logprobs=top is not None)
+    kept = [lp.Pending() for _ in jobs]
+    _prefills, summaries = await collect_each(request, whole, events, lambda i, event: kept[i].add(event))
     return JSONResponse({
         "id": _ident(chat),
         "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-        "model": served.name, "choices": [_choice(i, summaries[i], tools or [], chat, echo) for i in range(body.n)],
+        "model": served.name, "choices": [_choice(i, summaries[i], tools or [], chat, echo,
+                                                  _logprobs(served, chat, kept[i], top, len(echo)))
+                                          for i in range(body.n)],
         "usage": _usage(prefill, summaries.values()),
         "localspec": speculation(summaries[0]),
     })
@@ -224,17 +245,36 @@ def _parallel(body: ChatRequest | CompletionRequest) -> bool:
     return isinstance(body, ChatRequest) and body.parallel_tool_calls is True
 
 
-def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: str) -> dict[str, Any]:
+def _top(body: ChatRequest | CompletionRequest, echo: str) -> int | None:
+    """Alternatives per token when log-probabilities are asked for, else None."""
+    if isinstance(body, ChatRequest):
+        return lp.top_count(body.logprobs, body.top_logprobs)
+    if body.logprobs is None:
+        return None
+    if echo:
+        raise ApiError(400, "echo with logprobs (the prompt's log-probabilities) is not supported; send one of them.")
+    return lp.checked_top(body.logprobs, "logprobs")
+
+
+def _logprobs(served: Served, chat: bool, kept: lp.Pending, top: int | None, offset: int) -> dict | None:
+    if top is None:
+        return None
+    piece = served.vocab.token_bytes
+    return lp.openai_content(piece, kept.take()) if chat else lp.openai_legacy(piece, kept.take(), offset)
+
+
+def _choice(index: int, summary: Summary, tools: list[Tool], chat: bool, echo: str,
+            logprobs: dict | None = None) -> dict[str, Any]:
     """One choice of a finished answer: its message (with the tool calls parsed out of it) or text."""
     content, calls = parse_calls(summary.text, tools)
     finish = "tool_calls" if calls else finish_reason(summary)
     if not chat:
-        return {"index": index, "text": echo + summary.text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": echo + summary.text, "logprobs": logprobs, "finish_reason": finish}
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
-    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
 
 def _usage(prefill: Prefill, summaries: Iterable[Summary]) -> dict:
@@ -249,10 +289,11 @@ def _ident(chat: bool) -> str:
 
 
 def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kind: str, usage: bool,
-         chat: bool, tools: list[Tool] | None = None, n: int = 1) -> StreamingResponse:
+         chat: bool, tools: list[Tool] | None = None, n: int = 1, logprobs: bool = False) -> StreamingResponse:
     """A streamed answer, or `n` answers of one prompt (events as (choice, event)), each chunk naming its
     choice. With `tools`, an answer's tool calls are sent as `tool_calls` deltas as they are generated
-    (the call's id and name, then its arguments in pieces) and the rest as content."""
+    (the call's id and name, then its arguments in pieces) and the rest as content. With `logprobs`,
+    each chunk carries those of the tokens since the one before (the last chunk any left)."""
     def chunk(choices: list, **extra) -> bytes:
         return b"data: " + compact({"id": ident, "object": kind, "created": created, "model": served.name,
                                     "choices": choices, **extra}) + b"\n\n"
@@ -261,12 +302,23 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
 
     def one(index: int) -> StreamFormat:
         calls = CallStream(tools) if tools and chat else None
+        pending, offset = lp.Pending(), [0]
+
+        def logprobs_now() -> dict | None:
+            if not logprobs:
+                return None
+            items, piece = pending.take(), served.vocab.token_bytes
+            if chat:
+                return lp.openai_content(piece, items)
+            out = lp.openai_legacy(piece, items, offset[0])
+            offset[0] += sum(len(token) for token in out["tokens"])
+            return out
 
         def choice(text: str | None, finish: str | None) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
-                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": index, "delta": delta, "logprobs": logprobs_now(), "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs_now(), "finish_reason": finish}
 
         def delta(piece: Piece) -> bytes:
             if isinstance(piece, Text):
@@ -279,6 +331,7 @@ def _sse(served: Served, events, prefill: Prefill, ident: str, created: int, kin
             return chunk([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}])
 
         def text(event: Round) -> bytes | None:
+            pending.add(event)
             if not event.text:
                 return None
             if calls is None:

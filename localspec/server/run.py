@@ -18,6 +18,8 @@ from localspec.engine.contract import describe_drafters
 from localspec.errors import LocalspecError
 from localspec.names import is_path
 from localspec.server.common import Served
+from localspec.server.embeddings import embedding_model as load_embedding_model
+from localspec.server.embeddings import target_embeddings
 from localspec.server.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -52,10 +54,13 @@ def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float 
     quant = engine.target.meta("general.file_type") or ""
     if not size and target_path.exists():
         size = target_path.stat().st_size
-    return Served(engine=engine, scheduler=Scheduler(engine, interject, batch=join), name=name,
-                  aliases=frozenset(aliases), size=size,
-                  temperature=temperature,
-                  family=family, quantization=str(quant), created=int(time.time()))
+    served = Served(engine=engine, scheduler=Scheduler(engine, interject, batch=join), name=name,
+                    aliases=frozenset(aliases), size=size,
+                    temperature=temperature,
+                    family=family, quantization=str(quant), created=int(time.time()))
+    own = target_embeddings(served)
+    served.embeddings = [own] if own is not None else []
+    return served
 
 
 def is_loopback(host: str) -> bool:
@@ -166,7 +171,7 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 4,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
           cache_reuse: int = 16, flash_attn: bool | None = None, max_body: int | None = None,
-          interject: bool = True, join: bool = True) -> None:
+          interject: bool = True, join: bool = True, embedding_model: str | None = None) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -183,12 +188,21 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     for warning in engine.warnings:
         say(f"warning: {warning}")
     served = served_for(engine, entry_id, temperature, interject, join)
+    if embedding_model:
+        say(f"Loading {embedding_model} for embeddings…")
+        try:
+            served.embeddings.insert(0, load_embedding_model(embedding_model, n_gpu_layers))
+        except BaseException:
+            served.scheduler.close()
+            raise
     app = create_server_app(served, api_key=api_key, any_host=remote,
                             **({"max_body": max_body} if max_body is not None else {}))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{tcp.getsockname()[1]}"
     say(f"localspec is serving {served.name} ({describe_drafters(engine.drafters)}, {len(engine.slot_tokens())} slots of "
         f"{engine.n_ctx} tokens of context)")
+    if served.embeddings:
+        say(f"  Embeddings   from {served.embeddings[0].name} (/v1/embeddings, /api/embed, /embedding)")
     say(f"  TCP          {url}")
     if unix is not None:
         say(f"  Unix socket  {socket_path}  (curl --unix-socket {socket_path} http://localhost/health)")

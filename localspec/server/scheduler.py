@@ -16,6 +16,9 @@ completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engin
 is evaluated in chunks within the following steps, then both are decoded in one `llama_decode` per
 step, so a second chat starts at once instead of after the first; once the first ends, the others go
 on (`Engine.step_guests`) and what arrives meanwhile joins them.
+Work that is not a generation (an embedding, `call`) runs on the same thread one step at a time: between
+two rounds of whatever generates, or at once when nothing does, so a batch of texts to embed never
+stalls a chat for more than a step.
 Once nothing has arrived for MAINTAIN_AFTER_IDLE_S the thread lets the engine do what it put off for a
 quiet moment (`maintain`: measuring its costs again), which the next request interrupts.
 """
@@ -28,10 +31,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 from localspec.engine.events import Prefill, Summary
-from localspec.errors import LocalspecError
+from localspec.errors import EngineUnavailableError, LocalspecError
 
 
 @dataclass
@@ -60,6 +63,16 @@ class _Failed:
 
 
 _END = object()
+T = TypeVar("T")
+
+
+def _settle(done: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if done.done():  # (its client left)
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(value)
 
 # While an answer is generated, completions run between its rounds in at most this share of the time,
 # after a first burst of this many seconds. Between a chat's answers they run first, so the chat keeps
@@ -77,6 +90,9 @@ MAINTAIN_AFTER_IDLE_S = 5.0
 # A slot is kept free for completions only while an editor is around: one asked for a completion within
 # this many seconds. Without an editor every slot can hold a chat (4 chats at once with 4 slots).
 EDITOR_IDLE_S = 600.0
+# Requests that may wait for the engine; beyond it a request is refused at once with 503 (as Ollama's
+# OLLAMA_MAX_QUEUE, 512) rather than held for minutes. Each waiting request holds its parsed body.
+MAX_QUEUED = 256
 
 
 @dataclass
@@ -120,6 +136,7 @@ class Scheduler:
         self.recent: collections.deque[tuple[str, int, int, int]] = collections.deque(maxlen=64)
         self._jobs: collections.deque[Job] = collections.deque()    # waiting, in arrival order
         self._urgent: collections.deque[Job] = collections.deque()  # waiting latency-bound jobs
+        self._chores: collections.deque[Callable[[], bool]] = collections.deque()  # `call`s: True once finished
         self._changed = threading.Condition()  # guards both queues; notified when a job arrives or on close
         self._closing = False
         self.interject = interject and engine.interjects
@@ -155,6 +172,7 @@ class Scheduler:
         job.events = asyncio.Queue()
         self.metrics.requests[job.endpoint] = self.metrics.requests.get(job.endpoint, 0) + 1
         with self._changed:
+            self._check_room()
             if job.urgent:
                 self._editor_at = self._clock()
             (self._urgent if job.urgent and self.interject else self._jobs).append(job)
@@ -173,6 +191,57 @@ class Scheduler:
         finally:
             if not finished:
                 job.cancel.set()
+
+    async def call(self, steps: Generator[T | None, None, None], endpoint: str = "") -> T:
+        """Run `steps` on the engine's thread, one `next` at a time (between two rounds of the generations
+        running, or back to back when none runs), to its first value that is not None, which is returned.
+        One call's steps run before the next call's start (they may share a sequence: an embedding's). A
+        client that leaves abandons it at its next step; an exception in a step is raised here."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def chore() -> bool:
+            if done.done():
+                steps.close()
+                return True
+            try:
+                value = next(steps)
+            except StopIteration:  # (a future cannot hold StopIteration)
+                loop.call_soon_threadsafe(_settle, done, None, RuntimeError("The work ended without a result."))
+                return True
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, done, None, exc)
+                return True
+            if value is None:
+                return False
+            loop.call_soon_threadsafe(_settle, done, value, None)
+            return True
+
+        if endpoint:
+            self.metrics.requests[endpoint] = self.metrics.requests.get(endpoint, 0) + 1
+        with self._changed:
+            self._check_room()
+            self._chores.append(chore)
+            self._changed.notify()
+        return await done
+
+    def _check_room(self) -> None:
+        """(Holding `_changed`.) A 503 for a request the server will not queue."""
+        if self._closing:
+            raise EngineUnavailableError("The server is shutting down.")
+        if len(self._jobs) + len(self._urgent) + len(self._chores) >= MAX_QUEUED:
+            raise EngineUnavailableError(f"The server is busy: {MAX_QUEUED} requests are waiting already; "
+                                         "try again shortly.")
+
+    def _chore(self) -> None:
+        """One step of the oldest call, if any (it keeps its place until it finishes)."""
+        with self._changed:
+            if not self._chores:
+                return
+            chore = self._chores[0]
+        if chore():
+            with self._changed:
+                self._chores.popleft()
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking work, let the running generation end, then free the models."""
@@ -193,12 +262,13 @@ class Scheduler:
     def _work(self) -> None:
         while True:
             with self._changed:
-                while not (self._jobs or self._urgent or self._closing):
+                while not (self._jobs or self._urgent or self._chores or self._closing):
                     self._changed.wait()
-                if self._closing and not (self._jobs or self._urgent):
+                if self._closing and not (self._jobs or self._urgent or self._chores):
                     return
             job = self._next()
             if job is None:
+                self._chore()
                 continue
             self._run(job, between=None if job.urgent else self._between)
             if self._idle_for(MAINTAIN_AFTER_IDLE_S):
@@ -210,6 +280,7 @@ class Scheduler:
         self._join_waiting(host_running=True)
         if self._urgent:
             self._run_urgent()
+        self._chore()
 
     def _run_urgent(self) -> None:
         """Between two rounds of a generation: run the oldest urgent job still wanted, on another slot,
@@ -264,6 +335,14 @@ class Scheduler:
         prefill: list[Prefill] = []
 
         def deliver(event) -> None:
+            if isinstance(event, Exception):  # its own evaluation failed (engine/parallel.py); others go on
+                self.metrics.errors += 1
+                self._guests.remove(job)
+                self._running -= 1
+                send(_Failed(event if isinstance(event, LocalspecError) else
+                             RuntimeError(f"The engine failed: {type(event).__name__}: {event}")))
+                send(_END)
+                return
             if isinstance(event, Prefill):
                 prefill.append(event)
                 self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
@@ -292,12 +371,13 @@ class Scheduler:
         """True when no request arrived for this long: a measurement between requests makes the next
         one wait for its current batch, so it starts only once requests have paused."""
         with self._changed:
-            return not self._changed.wait_for(lambda: self._jobs or self._urgent or self._closing, timeout=seconds)
+            return not self._changed.wait_for(lambda: self._jobs or self._urgent or self._chores or self._closing,
+                                              timeout=seconds)
 
     def _maintain(self) -> None:
         started = self._clock()
         try:
-            done = self.engine.maintain(interrupt=lambda: bool(self._jobs or self._urgent))
+            done = self.engine.maintain(interrupt=lambda: bool(self._jobs or self._urgent or self._chores))
         except Exception as exc:  # maintenance must never take the server down
             done = f"maintenance failed: {type(exc).__name__}: {exc}"
         if done:
@@ -344,25 +424,39 @@ class Scheduler:
                     ended = True
                     self._running -= 1
                     send(_END)
-                elif between is not None and (self._urgent or self._jobs):
+                elif between is not None and (self._urgent or self._jobs or self._chores):
                     between()
             while self.engine.step_guests():  # requests that joined it go on; what waits may join them
                 self._join_waiting(host_running=False)
+                self._chore()
         except Exception as exc:  # keep serving after an engine failure; the client gets a 500
             self.metrics.errors += 1
             error = exc if isinstance(exc, LocalspecError) else RuntimeError(
                 f"The engine failed: {type(exc).__name__}: {exc}")
             if not ended:
                 send(_Failed(error))
-            for guest in list(self._guests) if between is not None else []:  # (it failed: the engine let go of them)
-                self._guests.remove(guest)
-                self._running -= 1
-                self._sender(guest)(_Failed(error))
-                self._sender(guest)(_END)
+            if between is not None:
+                self._guests_after_failure(error)
         finally:
             if not ended:
                 self._running -= 1
                 send(_END)
+
+    def _guests_after_failure(self, error: Exception) -> None:
+        """The generation others joined failed. Where only its own evaluation did, they go on; where the
+        engine let go of them, each gets the error."""
+        try:
+            while self.engine.step_guests():
+                self._join_waiting(host_running=False)
+                self._chore()
+        except Exception as exc:  # (the engine let go of them)
+            error = exc if isinstance(exc, LocalspecError) else RuntimeError(
+                f"The engine failed: {type(exc).__name__}: {exc}")
+        for guest in list(self._guests):
+            self._guests.remove(guest)
+            self._running -= 1
+            self._sender(guest)(_Failed(error))
+            self._sender(guest)(_END)
 
     def _run_group(self, job: Job, send, options: dict) -> None:
         """Several completions of one prompt, decoded together; nothing runs between their steps."""
