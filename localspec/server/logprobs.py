@@ -21,7 +21,7 @@ Piece = Callable[[int], bytes]  # a token's bytes (Vocabulary.token_bytes)
 def top_count(asked: bool | None, top: int | None, field: str = "top_logprobs") -> int | None:
     """The alternatives per token a request asks for (`asked`: its logprobs flag), or None for none.
     `top` without `asked` is a 400, as OpenAI answers it."""
-    if top is not None and not asked:
+    if top and not asked:  # (0 without logprobs asks for nothing: a client's neutral value)
         raise ApiError(400, f"{field} needs logprobs set to true.")
     if not asked:
         return None

@@ -14,14 +14,13 @@ micro-batch, as llama.cpp requires.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Iterator
 
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.llama import Model, ModelOptions, Vocab, _load_model
+from localspec.engine.backend.llama import Model, ModelOptions, Vocab, _load_model, _Metadata
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError
 
@@ -33,7 +32,7 @@ MAX_TOKENS = 2048
 CHUNK = 128  # tokens per decode of a causal model: about a verify step's time on a 2-core CPU at 1.5B
 
 
-class Embedder:
+class Embedder(_Metadata):
     """One text at a time, in one sequence (the caller serializes: a server runs it on its engine thread)."""
 
     def __init__(self, model_ptr, name: str, options: ModelOptions, owned: bool, chunk: int = CHUNK):
@@ -43,9 +42,9 @@ class Embedder:
         self._batch = None
         self.name = name
         self.vocab = Vocab(model_ptr)
-        arch = _meta(model_ptr, "general.architecture") or ""
+        arch = self.meta("general.architecture") or ""
         self.causal = _causal(model_ptr, options)
-        declared = _int(_meta(model_ptr, f"{arch}.pooling_type"))
+        declared = _int(self.meta(f"{arch}.pooling_type"))
         if declared == L.LLAMA_POOLING_TYPE_RANK:
             self.close()
             raise LocalspecError(f"{name} is a reranker (rank pooling), not an embedding model.")
@@ -180,12 +179,6 @@ def _causal(model_ptr, options: ModelOptions) -> bool:
         return bool(L.llama_get_causal_attn(ctx))
     finally:
         L.llama_free(ctx)
-
-
-def _meta(model_ptr, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(64)
-    n = L.llama_model_meta_val_str(model_ptr, key.encode(), buf, len(buf))
-    return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
 def _int(value: str | None) -> int | None:
