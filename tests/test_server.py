@@ -526,10 +526,22 @@ def test_the_documented_curl_examples_work_without_a_content_type(server):
     ("/completion", '{"prompt": "x\\udfffy", "n_predict": 3}'),
     ("/api/chat", '{"model": "localspec", "messages": [{"role": "user", "content": "\\ud83d"}], "stream": false, '
                   '"options": {"num_predict": 3}}'),
+    ("/completion", '{"prompt": "x", "n_predict": 3, "grammar": "root ::= \\"a\\ud800\\" | \\"b\\""}'),
 ])
 def test_a_lone_surrogate_in_the_text_is_read_as_a_replacement_character(server, path, raw):
     r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=120)
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/embeddings", '{"input": "hi", "model": "\\ud800"}'),
+    ("/api/embed", '{"model": "\\ud800", "input": "hi"}'),
+    ("/v1/chat/completions", '{"model": "a\\udfff", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("/v1/embeddings", '{"input": "hi", "encoding_format": "\\ud800"}'),
+])
+def test_a_lone_surrogate_echoed_in_an_error_is_written_as_its_escape(server, path, raw):
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=120)
+    assert r.status_code in (400, 404) and "\\ud" in r.text and r.json()["error"], r.text
 
 
 def test_odd_but_valid_fields_never_give_a_500(server):

@@ -100,8 +100,10 @@ def sampler_chain(samplers: list[str] | str | None) -> tuple[str, ...] | None:
 
 
 def compact(obj: Any) -> bytes:
-    """llama.vim matches `"content"\\s*:"`: no spaces after separators."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    """llama.vim matches `"content"\\s*:"`: no spaces after separators. A lone surrogate a client sent (an
+    unknown model's name echoed in an error) is written as its JSON escape, as it arrived: UTF-8 has no
+    byte for it."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 @dataclass

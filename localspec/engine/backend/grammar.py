@@ -11,7 +11,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.system import init, problems_mark, problems_since
+from localspec.engine.backend.system import init, problems_mark, problems_since, utf8
 from localspec.errors import LocalspecError
 
 # llama_token_data as numpy sees it: the candidates are handed to llama.cpp without a copy.
@@ -29,10 +29,10 @@ class Grammar:
         init()
         mark = problems_mark()
         if trigger_token is None:
-            sampler = L.llama_sampler_init_grammar(vocab_ptr, text.encode(), b"root")
+            sampler = L.llama_sampler_init_grammar(vocab_ptr, utf8(text), b"root")
         else:
             tokens = (L.llama_token * 1)(trigger_token)
-            sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab_ptr, text.encode(), b"root", None, 0, tokens, 1)
+            sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab_ptr, utf8(text), b"root", None, 0, tokens, 1)
         if not sampler:
             why = problems_since(mark) or "llama.cpp could not parse it"
             raise LocalspecError(f"The grammar is not valid GBNF with a 'root' rule: {why}.")

@@ -15,7 +15,7 @@ import numpy as np
 
 from localspec.engine.backend.grammar import Grammar
 from localspec.engine.constraint import trigger_token
-from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
+from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload, utf8
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
 # A recurrent state's checkpoints kept per sequence (llama-server's context checkpoints), the newest: taken
@@ -25,15 +25,6 @@ from localspec.errors import ContextOverflowError, LocalspecError, ModelFileErro
 CHECKPOINTS_PER_SEQ = 3
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 MAX_LOGITS_PER_CALL = 64
-
-
-def utf8(text: str) -> bytes:
-    """`text` as UTF-8, a lone surrogate (half of a UTF-16 pair an editor cut, valid in JSON) as U+FFFD,
-    as llama-server's tokenizer reads it."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
 # ----------------------------------------------------------------------------- models

@@ -178,3 +178,10 @@ def build_id() -> str:
     return hashlib.sha256(f"{bindings_version()}|{system_info()}".encode()).hexdigest()[:12]
 
 
+def utf8(text: str) -> bytes:
+    """`text` as UTF-8, a lone surrogate (half of a UTF-16 pair an editor cut, valid in JSON) as U+FFFD,
+    as llama-server's tokenizer reads it."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
