@@ -41,7 +41,12 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 # Trust thresholds (scripts/calibration_noise.py prints each figure, alone and beside a second
 # llama.cpp process).
-MAX_SPREAD = 1.25        # slowest over fastest pass of a size, median over sizes
+# Each size's median pass over its fastest, the median over sizes: one slow pass in three (a spell of
+# page faults at a first start, a stray timer) leaves the fastest pass corroborated; passes that mostly
+# disagree do not. Slowest over fastest refused a first start on an idle 2-core EPYC (1.30: one pass
+# of three); this statistic read 1.03-1.14 idle on both builds, and a second llama.cpp process moved it
+# to 1.11-1.85 (then the CPU readings below refuse it too): docs/history/2026-12-04-calibration-spread.md.
+MAX_SPREAD = 1.25
 MIN_CPU_SHARE = 0.7      # CPU time the process got over wall time x threads, while it decoded on the CPU
 MAX_OTHERS_BUSY = 0.3    # share of every core that other programs used meanwhile
 QUIET_OTHERS_BUSY = 0.15  # a moment quiet enough to start measuring again
@@ -70,7 +75,7 @@ class Calibration:
     costs: dict[int, float]
     measured_at: float = 0.0          # Unix time
     passes: int = 0
-    spread: float = 1.0               # slowest over fastest pass of a size, median over sizes
+    spread: float = 1.0               # median over fastest pass of a size, median over sizes (spread_of)
     cpu_share: float | None = None    # None: not decoded on this CPU (GPU, RPC), or not measured
     others_busy: float | None = None  # None: the system's CPU use cannot be read here
     problem: str = ""                 # why it is not trusted; "" when it is
@@ -196,8 +201,12 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     try:
         model.truncate(0)
         model.decode(filler[:context_tokens], 0, [context_tokens - 1])
-        model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up
+        model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up: one position
         back_to_context()
+        if fits:  # and the largest batch (the first pass after a load was the slow one at the large sizes)
+            model.decode(filler[context_tokens:context_tokens + max(fits)], context_tokens,
+                         [max(fits) - 1] if prefill else list(range(max(fits))))
+            back_to_context()
         for _ in range(repeats):
             for n in fits:
                 if interrupt():
@@ -228,7 +237,8 @@ def measure_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repe
 
 
 def spread_of(passes: dict[int, list[float]]) -> float:
-    ratios = [max(t) / min(t) for t in passes.values() if len(t) > 1 and min(t) > 0]
+    """How far the passes disagree (MAX_SPREAD): each size's median pass over its fastest, median over sizes."""
+    ratios = [statistics.median(t) / min(t) for t in passes.values() if len(t) > 1 and min(t) > 0]
     return statistics.median(ratios) if ratios else 1.0
 
 
