@@ -20,7 +20,7 @@ from typing import Iterator
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.llama import Model, ModelOptions, Vocab, _load_model, _Metadata
+from localspec.engine.backend.llama import Model, ModelOptions, Vocab, _load_model, _Metadata, free_context
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError
 
@@ -150,12 +150,8 @@ class Embedder(_Metadata):
             raise LocalspecError(f"llama_decode failed with code {rc} while embedding with {self.name}.")
 
     def close(self) -> None:
-        if self._batch is not None:
-            L.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            L.llama_free(self._ctx)
-            self._ctx = None
+        free_context(self._ctx, self._batch)
+        self._ctx = self._batch = None
         if self._owned and self._model:
             L.llama_model_free(self._model)
         self._model = None

@@ -507,18 +507,22 @@ class Model(_Metadata):
         attached, self._attached = getattr(self, "_attached", []), []
         for close in attached:  # (their contexts use these weights)
             close()
-        if self._batch is not None:
-            L.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            L.llama_free(self._ctx)
-            self._ctx = None
+        free_context(self._ctx, self._batch)
+        self._ctx = self._batch = None
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
         self.close()
+
+
+def free_context(ctx, batch) -> None:
+    """A llama.cpp context and its batch, either of which may be missing (a load that failed half-way)."""
+    if batch is not None:
+        L.llama_batch_free(batch)
+    if ctx:
+        L.llama_free(ctx)
 
 
 def quantize(source: Path, destination: Path, ftype: str = "Q2_K", threads: int | None = None) -> Path:
