@@ -43,9 +43,8 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # llama.cpp process).
 # Each size's median pass over its fastest, the median over sizes: one slow pass in three (a spell of
 # page faults at a first start, a stray timer) leaves the fastest pass corroborated; passes that mostly
-# disagree do not. Slowest over fastest refused a first start on an idle 2-core EPYC (1.30: one pass
-# of three); this statistic read 1.03-1.14 idle on both builds, and a second llama.cpp process moved it
-# to 1.11-1.85 (then the CPU readings below refuse it too): docs/history/2026-12-04-calibration-spread.md.
+# disagree do not. It does not tell a busy machine alone: the CPU readings below do
+# (docs/history/2026-12-04-calibration-spread.md; scripts/calibration_noise.py).
 MAX_SPREAD = 1.25
 MIN_CPU_SHARE = 0.7      # CPU time the process got over wall time x threads, while it decoded on the CPU
 MAX_OTHERS_BUSY = 0.3    # share of every core that other programs used meanwhile

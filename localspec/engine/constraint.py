@@ -40,9 +40,9 @@ class Constraint(Protocol):
 
 
 # Each live alternative of a grammar is a stack llama.cpp advances on every token: under an alternation
-# whose members share a prefix a token costs about n² (2,000 enum members 15 ms, 4,096 68 ms, 20,000
-# seconds per token on a 2-core CPU: scripts/grammar_costs.py), all of it on the engine's thread while
-# every other request waits. Real schemas stay far below (a country list is 250).
+# whose members share a prefix a token costs about n² (scripts/grammar_costs.py measures it), all of it
+# on the engine's thread while every other request waits. The limit keeps a token's grammar work near a
+# decode step's time; real schemas stay far below (a country list is 250).
 MAX_ALTERNATIVES = 3000
 
 

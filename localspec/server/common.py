@@ -43,7 +43,7 @@ def api_error(exc: Exception) -> ApiError:
 
 
 # Stop strings are searched for after every token, each prefix of each one against the text's tail: a
-# client's list stays far below these (Continue sends about 10, of a few characters).
+# client's list stays far below these (editors send a handful, of a few characters).
 MAX_STOPS = 64
 MAX_STOP_CHARS = 500
 
@@ -106,6 +106,12 @@ def compact(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
+def answers_to(aliases: frozenset[str], requested: str) -> bool:
+    """Whether a model that answers to `aliases` is the one `requested` names (Ollama's clients add ":latest")."""
+    base = requested[:-len(":latest")] if requested.endswith(":latest") else requested
+    return requested in aliases or base in aliases
+
+
 @dataclass
 class Served:
     """The loaded engine and the names clients may call it by."""
@@ -122,10 +128,7 @@ class Served:
     embeddings: list = field(default_factory=list)  # what answers embedding requests (server/embeddings.py), first the default
 
     def check_model(self, requested: str | None) -> None:
-        if not requested:
-            return
-        base = requested[:-len(":latest")] if requested.endswith(":latest") else requested
-        if requested not in self.aliases and base not in self.aliases:
+        if requested and not answers_to(self.aliases, requested):
             raise ApiError(404, f"Unknown model '{requested}'. This server runs '{self.name}' "
                                 f"(also answers to: {', '.join(sorted(self.aliases - {self.name}))}).",
                            "not_found_error")

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from localspec.errors import LocalspecError
-from localspec.server.common import ApiError, Loose, Served, compact
+from localspec.server.common import ApiError, Loose, Served, answers_to, compact
 
 MAX_INPUTS = 2048  # texts in one request (OpenAI's limit)
 
@@ -74,9 +74,8 @@ def _chosen(served: Served, requested: str | None) -> EmbeddingModel:
                             "start it with --embedding-model FILE.", "not_supported_error")
     if not requested:
         return models[0]
-    base = requested[:-len(":latest")] if requested.endswith(":latest") else requested
     for model in models:
-        if requested in model.aliases or base in model.aliases:
+        if answers_to(model.aliases, requested):
             return model
     names = sorted({m.name for m in models})
     raise ApiError(404, f"Unknown model '{requested}'. Embeddings here come from {', '.join(names)}.",

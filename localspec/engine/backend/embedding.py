@@ -25,11 +25,13 @@ from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError
 
 POOLINGS = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last"}
-# Tokens one text may have: within every embedding model's training context we know of beyond BERT's 512
-# (the file's own limit applies when smaller). A causal model's KV cache for it is small (Qwen2.5-1.5B:
-# 56 MiB); an encoder evaluates it in one micro-batch, whose output buffer holds a row per token.
+# Tokens one text may have (the file's own training context when smaller): a causal model's KV cache for
+# it stays small beside the engine's; an encoder evaluates it in one micro-batch, whose output buffer
+# holds a row per token.
 MAX_TOKENS = 2048
-CHUNK = 128  # tokens per decode of a causal model: about a verify step's time on a 2-core CPU at 1.5B
+# Tokens per decode of a causal model: one Scheduler.call step, kept near a generation step's time on a
+# CPU so that a text never holds a chat for long (scripts/embedding_costs.py times a text).
+CHUNK = 128
 
 
 class Embedder(_Metadata):
@@ -63,8 +65,8 @@ class Embedder(_Metadata):
         cparams.n_threads = cparams.n_threads_batch = options.threads()
         cparams.no_perf = True
         # Off unless asked for: llama.cpp's CPU flash attention rounds the queries to F16, which moves a
-        # pooled vector by up to ~0.5% of its largest component; off, the vectors are llama.cpp's
-        # reference pooling's (Llama(embedding=True)) to 1e-5 (tests/test_embeddings.py).
+        # pooled vector visibly; off, the vectors are llama.cpp's reference pooling's (Llama(embedding=True):
+        # tests/test_embeddings.py; docs/history/2026-12-03-api-costs.md has the figures).
         cparams.flash_attn_type = options.attention_type() if options.flash_attn is not None \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         mark = problems_mark()
