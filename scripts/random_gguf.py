@@ -3,6 +3,7 @@ targets), carrying a real tokenizer and chat template copied from another GGUF, 
 chats work end to end.
 
     python scripts/random_gguf.py lfm2 OUT.gguf --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf
+    python scripts/random_gguf.py qwen35 OUT.gguf --tokenizer ... --mtp 1
 
 The tensors and hyperparameters each architecture needs are those llama.cpp's loader asks for
 (`src/models/<arch>.cpp`, `load_arch_hparams` and `load_arch_tensors`, in the llama.cpp that
@@ -13,7 +14,9 @@ every time; the answers are gibberish, but every decode is the architecture's re
 Architectures:
 - `lfm2`: LiquidAI's LFM2, short convolutions with attention every third layer (recurrent state that
   llama.cpp can roll back a few tokens with `n_rs_seq`).
-- `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer.
+- `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer; with
+  `--mtp 1`, the multi-token-prediction block the released files carry after the trunk
+  (`blk.N.nextn.*`, `qwen35.nextn_predict_layers`): the head the `mtp` drafter drafts with.
 - `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
 - `bert`: a BERT encoder (bidirectional attention, mean pooling, no output layer): an embedding model,
   as nomic-embed-text and bge are (`serve --embedding-model`).
@@ -69,12 +72,13 @@ class _Tensors:
         self.noise = noise  # a second draw on top: a "draft" that agrees with the seed's model only partly
         self.noise_rng = np.random.default_rng([seed, 1])
         self.f16 = f16
-        self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool]] = []
+        self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool, bool]] = []
 
-    def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False) -> None:
+    def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False, eye: bool = False) -> None:
+        """`eye`: plus the identity on the first ne1 columns (a projection that passes its first input on)."""
         matrix = len(ne) == 2 and not ones and "conv" not in name  # what llama.cpp multiplies by
         dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
-        self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones))
+        self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones, eye))
 
     def block_start(self, p: str, s: "Shape", ffn_norm: str) -> None:
         """A block's norms (the second one by the name its architecture gives it) and its gated FFN."""
@@ -85,15 +89,15 @@ class _Tensors:
         self.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
 
     def write(self, writer: gguf.GGUFWriter) -> None:
-        for name, shape, dtype, _negative, _ones in self.listed:
+        for name, shape, dtype, *_how in self.listed:
             writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for _name, shape, dtype, negative, ones in self.listed:
-            writer.write_tensor_data(self._draw(shape, negative, ones).astype(dtype))
+        for _name, shape, dtype, negative, ones, eye in self.listed:
+            writer.write_tensor_data(self._draw(shape, negative, ones, eye).astype(dtype))
 
-    def _draw(self, shape: tuple[int, ...], negative: bool, ones: bool) -> np.ndarray:
+    def _draw(self, shape: tuple[int, ...], negative: bool, ones: bool, eye: bool = False) -> np.ndarray:
         if ones:  # norms: random scales would only make the gibberish louder
             return np.ones(shape, dtype=np.float32)
         data = self.rng.normal(0.0, self.stdev, size=shape).astype(np.float32)
@@ -101,6 +105,8 @@ class _Tensors:
             data += self.noise_rng.normal(0.0, self.noise, size=shape).astype(np.float32)
         if negative:  # a state's decay must be negative (llama.cpp's test writes -|x| too)
             data = -np.abs(data)
+        if eye:
+            data[:, :shape[0]] += np.eye(shape[0], dtype=np.float32)
         return data
 
 
@@ -150,9 +156,11 @@ def _lfm2(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
             t.add(p + "shortconv.out_proj.weight", s.n_embd, s.n_embd)
 
 
-def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
+def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, mtp: int = 0) -> None:
     interval = 4  # full attention every fourth layer, as the released Qwen3.5 models
     head = s.head
+    if mtp:  # the block count includes the MTP blocks, which come after the trunk
+        w.add_uint32("qwen35.nextn_predict_layers", mtp)
     key_dim, value_dim = s.ssm_state * s.ssm_groups, s.ssm_state * s.ssm_heads
     w.add_uint32("qwen35.attention.head_count", s.n_head)
     w.add_uint32("qwen35.attention.head_count_kv", s.n_head_kv)
@@ -192,6 +200,21 @@ def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
             t.add(p + "ssm_alpha.weight", s.n_embd, s.ssm_heads)
             t.add(p + "ssm_norm.weight", s.ssm_state, ones=True)
             t.add(p + "ssm_out.weight", value_dim, s.n_embd)
+    for i in range(s.n_layer, s.n_layer + mtp):
+        p = f"blk.{i}."  # a full-attention block fed [norm(token embedding); norm(trunk's hidden state)]
+        t.block_start(p, s, "post_attention_norm")
+        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head * 2)
+        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+        t.add(p + "attn_q_norm.weight", head, ones=True)
+        t.add(p + "attn_k_norm.weight", head, ones=True)
+        # Passing the token's embedding on, the head predicts what a trunk of small weights does (the
+        # embedding's nearest token: the same one again), so drafts are kept where the trunk repeats.
+        t.add(p + "nextn.eh_proj.weight", 2 * s.n_embd, s.n_embd, eye=True)
+        t.add(p + "nextn.enorm.weight", s.n_embd, ones=True)
+        t.add(p + "nextn.hnorm.weight", s.n_embd, ones=True)
+        t.add(p + "nextn.shared_head_norm.weight", s.n_embd, ones=True)
 
 
 def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
@@ -243,9 +266,13 @@ def _bert(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -
 
 
 def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
-          stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096) -> Path:
+          stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096, mtp: int = 0) -> Path:
     if arch not in ARCHS:
         raise SystemExit(f"unknown architecture {arch!r}; one of: {', '.join(ARCHS)}")
+    if mtp and arch != "qwen35":
+        raise SystemExit(f"MTP blocks are written for qwen35 only, not {arch}")
+    if mtp > 1:
+        raise SystemExit("llama.cpp runs a single MTP block for qwen35 (src/models/qwen35.cpp)")
     s = SHAPES[shape]
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
@@ -254,7 +281,7 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     w.add_context_length(n_ctx)
     w.add_embedding_length(s.n_embd)
     w.add_feed_forward_length(s.n_ff)
-    w.add_block_count(s.n_layer)
+    w.add_block_count(s.n_layer + mtp)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if s.f16 else gguf.LlamaFileType.ALL_F32)
@@ -263,8 +290,10 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     tensors = _Tensors(seed, stdev, noise, s.f16)
     if arch == "bert":
         _bert(w, tensors, s, n_vocab, n_ctx)
+    elif arch == "qwen35":
+        _qwen35(w, tensors, s, n_vocab, mtp)
     else:
-        {"lfm2": _lfm2, "qwen35": _qwen35, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
+        {"lfm2": _lfm2, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     tensors.write(w)
     w.close()
     tmp.replace(out)
@@ -283,9 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise", type=float, default=0.0,
                         help="stdev of a second draw added to every weight: with the target's seed, a draft "
                              "that agrees with it only partly")
+    parser.add_argument("--mtp", type=int, default=0, metavar="N",
+                        help="multi-token-prediction blocks after the trunk (qwen35: 0 or 1)")
     args = parser.parse_args(argv)
     path = write(args.arch, args.out, args.tokenizer, shape=args.shape, seed=args.seed, stdev=args.stdev,
-                 noise=args.noise)
+                 noise=args.noise, mtp=args.mtp)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -171,6 +171,7 @@ class ToyModel:
         return noise.astype(np.float32)
 
     max_rollback: int | None = None  # any position can be dropped (a recurrent toy sets a limit)
+    mtp: "ToyHead | None" = None  # a multi-token-prediction head, where a test gives it one
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:
         del self.seqs[seq][n_keep:]
@@ -223,11 +224,41 @@ class RecurrentToy(ToyModel):
         self._checkpoints[seq].append(len(self.seqs[seq]))
 
 
+class ToyHead:
+    """A toy target's multi-token-prediction head, through the calls backend.mtp.MtpHead answers: its
+    logits are those of `model` (a noisy copy of the target's tables: a head that agrees only partly),
+    and the "hidden state" before a position is the token there, so a step sees the two tokens the target
+    would. Drafting must start where the target's cache ends (the pending token's position)."""
+
+    n_embd = 1
+
+    def __init__(self, target: ToyModel, model: ToyModel):
+        self.target = target
+        self.model = model
+        self.steps = 0
+        self.forgotten: list[tuple[int, int]] = []
+
+    def hidden_at(self, seq: int, pos: int) -> np.ndarray:
+        held = self.target.seqs[seq]
+        return np.array([held[pos] if 0 <= pos < len(held) else 0], dtype=np.float32)
+
+    def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert pos >= len(self.target.seqs[seq]), f"a head step at {pos} inside the target's cache"
+        self.steps += 1
+        return self.model.logits_at([int(hidden[0]), token]), np.array([token], dtype=np.float32)
+
+    def forget(self, seq: int, pos: int) -> None:
+        self.forgotten.append((seq, pos))
+
+
 if TYPE_CHECKING:  # the pin: the toy implements what the engine needs of a model (mypy, tests/test_layers.py)
-    from localspec.engine.model import LanguageModel
+    from localspec.engine.model import LanguageModel, PredictionHead
 
     def _the_toy_implements_the_boundary(toy: ToyModel) -> LanguageModel:
         return toy
+
+    def _the_toy_head_implements_the_boundary(head: ToyHead) -> PredictionHead:
+        return head
 
 
 TWO_TOKEN_TOY = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)  # small enough to enumerate

@@ -512,7 +512,7 @@ class Engine:
         if len(request.kv.tokens) < len(prompt) - 1:  # its client left meanwhile: no round follows
             evaluated = len(request.kv.tokens) - keep
         elif planner is not None:
-            planner.prefill(prompt)
+            planner.prefill(prompt, request.kv)
         return Prefill(prompt_tokens=len(prompt), evaluated=evaluated, cached=keep, seconds=time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ between requests

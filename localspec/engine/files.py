@@ -42,7 +42,7 @@ def load_files(
 
     if history not in ("saved", "memory", "off"):
         raise ValueError(f"history must be saved, memory or off (got {history!r})")
-    if drafter in ("none", "ngram", "self", "history"):
+    if drafter in ("none", "ngram", "self", "history", "mtp"):
         draft_path = None  # do not spend memory on a draft that will not be used
     target_path = Path(target_path)
     if draft_path is not None:
@@ -53,7 +53,8 @@ def load_files(
 
     target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                              n_seq=slots, devices=target_devices, tensor_split=tensor_split,
-                                             placement=placement, flash_attn=flash_attn))
+                                             placement=placement, flash_attn=flash_attn,
+                                             mtp=drafter in ("auto", "mtp")))
     draft_model = self_model = None
     try:
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).

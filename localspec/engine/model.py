@@ -87,6 +87,25 @@ class LoadSettings(Protocol):
     def gpu_layers(self) -> int: ...
 
 
+class PredictionHead(Protocol):
+    """A target's multi-token-prediction head, following its KV cache (backend/mtp.py's `MtpHead`)."""
+
+    @property
+    def n_embd(self) -> int: ...
+
+    def hidden_at(self, seq: int, pos: int) -> np.ndarray:
+        """The trunk's hidden state at `pos` of sequence `seq` (zeros where it is not known)."""
+        ...
+
+    def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logits for the token after `token` at `pos` (paired with `hidden`), and the head's own state."""
+        ...
+
+    def forget(self, seq: int, pos: int) -> None:
+        """Drop the head's positions >= `pos` of `seq` (its draft)."""
+        ...
+
+
 class LanguageModel(Protocol):
     """A loaded model with KV sequences (slots) the engine extends, rolls back and shifts."""
 
@@ -141,6 +160,11 @@ class LanguageModel(Protocol):
     def max_rollback(self) -> int | None:
         """How many of its last positions a sequence can drop after a decode (a recurrent state's
         snapshots); None: any. The longest draft a verify can take back."""
+        ...
+
+    @property
+    def mtp(self) -> PredictionHead | None:
+        """The file's multi-token-prediction head, following this model's cache (None: it has none)."""
         ...
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:

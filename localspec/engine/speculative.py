@@ -280,7 +280,10 @@ class Planner:
     def active(self) -> list[tuple[str, Turn]]:
         return [(n, t) for n, t in self.turns if self.mode in ("auto", n)]
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], target: KvSequence | None = None) -> None:
+        """The prompt is in `target` (the request's KV sequence): the turns get ready to draft after it."""
+        if target is not None:
+            self.base = dataclasses.replace(self.base, target=target)
         plan = self.plan
         for _name, turn in self.active:
             turn.prefill(context, plan)

@@ -14,6 +14,8 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.grammar import Grammar
+from localspec.engine.backend.mtp import MtpHead, record_hidden
+from localspec.engine.backend.mtp import unavailable as mtp_unavailable
 from localspec.engine.constraint import trigger_token
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload, utf8
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
@@ -50,6 +52,7 @@ class ModelOptions:
     rollback: int = 8                 # recurrent/hybrid targets: snapshots of each sequence's state kept per decode,
                                       # so a verify can drop up to this many draft tokens (llama.cpp's n_rs_seq); the
                                       # longest draft such a target is sent. Each costs one more copy of the state.
+    mtp: bool = True                  # load and follow the file's MTP heads, if it has any (the `mtp` drafter)
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -82,7 +85,7 @@ class ModelOptions:
 
 
 def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mode: int = L.LLAMA_LOAD_MODE_AUTO,
-                devices: tuple[int, ...] = (), tensor_split: tuple[float, ...] = ()):
+                devices: tuple[int, ...] = (), tensor_split: tuple[float, ...] = (), load_mtp: bool = False):
     init()
     path = Path(path)
     if not path.exists():
@@ -97,6 +100,7 @@ def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mod
     params.vocab_only = vocab_only
     params.n_gpu_layers = n_gpu_layers
     params.load_mode = load_mode
+    params.load_mtp = load_mtp  # a file without MTP blocks loads the same either way
     if devices:  # kept alive until the load returns; llama.cpp copies the list into the model
         device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         params.devices = ctypes.cast(device_list, ctypes.c_void_p)
@@ -205,11 +209,22 @@ class _Metadata:
         """What speculative decoding can do with this file's state, in one line for `check` and `run`."""
         architecture = self.meta("general.architecture") or "unknown"
         if not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model)):
-            return f"{architecture}, a KV cache: drafts of any length"
+            return f"{architecture}, a KV cache: drafts of any length{self._heads()}"
         if architecture in ROLLBACK_ARCHITECTURES:
             return (f"{architecture}, with a recurrent state llama.cpp rolls back: drafts of up to "
-                    f"{ModelOptions().rollback} tokens, prompts reused from checkpoints")
+                    f"{ModelOptions().rollback} tokens, prompts reused from checkpoints{self._heads()}")
         return f"{architecture}, with a recurrent state llama.cpp cannot roll back: plain decoding only"
+
+    def _heads(self) -> str:
+        """The file's MTP heads, as `decoding` names them ("" without)."""
+        architecture = self.meta("general.architecture") or "unknown"
+        value = self.meta(f"{architecture}.nextn_predict_layers") or "0"  # (a vocabulary-only load reads 0 heads)
+        n = int(value) if value.isdigit() else 0
+        if n <= 0:
+            return ""
+        if why := mtp_unavailable():
+            return f"; {n} MTP head{'s' if n > 1 else ''}, unused: {why}"
+        return f"; {n} MTP head{'s' if n > 1 else ''} (the `mtp` drafter)"
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
@@ -265,7 +280,8 @@ class Model(_Metadata):
         self._attached: list[Callable[[], None]] = []
         self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers(),
                                   load_mode=self.options.load_mode(), devices=self.options.devices,
-                                  tensor_split=self.options.tensor_split)
+                                  tensor_split=self.options.tensor_split,
+                                  load_mtp=self.options.mtp and not mtp_unavailable())
         self.vocab = Vocab(self._model)
         self.n_vocab = self.vocab.n_tokens
         self.n_ctx_train = L.llama_model_n_ctx_train(self._model)
@@ -313,6 +329,19 @@ class Model(_Metadata):
         self.max_rollback: int | None = L.llama_n_rs_seq(self._ctx) if self.recurrent else None
         self._removable = [0] * self.n_seq  # per sequence: positions its last decode lets it drop
         self._checkpoints: list[list[tuple[int, ctypes.Array]]] = [[] for _ in range(self.n_seq)]
+        # The file's MTP heads (Qwen3.5 and kin), followed decode by decode for the `mtp` drafter.
+        self.n_mtp_layers = L.llama_model_n_layer_nextn(self._model)
+        self.mtp: MtpHead | None = None
+        if self.n_mtp_layers > 0 and self.options.mtp and not mtp_unavailable():
+            try:
+                self.mtp = MtpHead(self._model, self._ctx, n_layers=self.n_mtp_layers, n_vocab=self.n_vocab,
+                                   kv_unified=self.options.kv_unified, threads=self.options.threads(),
+                                   attention_type=self.options.attention_type(), name=self.path.name)
+            except LocalspecError:
+                self.close()
+                raise
+            self.attach(self.mtp.close)
+            record_hidden(self._ctx)
 
     # --- metadata
 
@@ -363,6 +392,8 @@ class Model(_Metadata):
             if rc != 0:
                 raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
             self._removable[seq] = len(chunk) - 1
+            if self.mtp is not None:
+                self.mtp.follow([(seq, chunk, start + chunk_start, range(len(chunk)))])
             for j in outputs:
                 logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
                 for row in rows_of[chunk_start + j]:
@@ -404,6 +435,13 @@ class Model(_Metadata):
             raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
         for seq, tokens, _start, _outputs in parts:
             self._removable[seq] = len(tokens) - 1
+        if self.mtp is not None:
+            first = 0
+            follow = []
+            for seq, tokens, start, _outputs in parts:
+                follow.append((seq, tokens, start, range(first, first + len(tokens))))
+                first += len(tokens)
+            self.mtp.follow(follow)
         return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
                           for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
 
@@ -416,6 +454,8 @@ class Model(_Metadata):
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         self._removable[dst] = 0
         self._checkpoints[dst] = []
+        if self.mtp is not None:
+            self.mtp.copy_seq(src, dst)
 
     def checkpoint(self, seq: int = 0) -> None:
         """Keep the recurrent state of `seq` as it is now, for a later `truncate` that goes back further
@@ -454,7 +494,14 @@ class Model(_Metadata):
 
         That is `n_keep`, except for a recurrent state that cannot go back that far (more than the last
         decode's snapshots, or a second time since it): it goes back to its newest checkpoint at or before
-        `n_keep` and returns that position (0: none, the sequence is emptied)."""
+        `n_keep` and returns that position (0: none, the sequence is emptied). The MTP head's cache
+        follows."""
+        held = self._truncate(n_keep, seq)
+        if self.mtp is not None:
+            self.mtp.truncate(seq, held)
+        return held
+
+    def _truncate(self, n_keep: int, seq: int) -> int:
         if self.recurrent:
             held = L.llama_memory_seq_pos_max(self._memory, seq) + 1
             if n_keep >= held:
@@ -476,8 +523,9 @@ class Model(_Metadata):
     @property
     def can_shift(self) -> bool:
         """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model, and
-        never past a recurrent state (it would still hold the tokens cut out)."""
-        return not self.recurrent and bool(L.llama_memory_can_shift(self._memory))
+        never past a recurrent state (it would still hold the tokens cut out), nor under an MTP head (its
+        cache pairs each position with the trunk's state before it, which a shift would not move)."""
+        return not self.recurrent and self.mtp is None and bool(L.llama_memory_can_shift(self._memory))
 
     def cut(self, p0: int, p1: int, seq: int = 0) -> None:
         """Remove positions p0..p1-1 of sequence `seq` and move every later one down by p1 - p0 (their
@@ -489,6 +537,8 @@ class Model(_Metadata):
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
+        if self.mtp is not None:
+            self.mtp.clear()
         self._removable = [0] * self.n_seq
         self._checkpoints = [[] for _ in range(self.n_seq)]
 
@@ -505,6 +555,7 @@ class Model(_Metadata):
 
     def close(self) -> None:
         attached, self._attached = getattr(self, "_attached", []), []
+        self.mtp = None
         for close in attached:  # (their contexts use these weights)
             close()
         free_context(self._ctx, self._batch)

@@ -14,6 +14,7 @@ from localspec.engine.drafters.copies import CopyDrafter
 from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
 from localspec.engine.drafters.model import ModelDrafter
+from localspec.engine.drafters.mtp import MtpDrafter
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
 
 REGISTRY: tuple[Registration, ...] = (
@@ -22,6 +23,8 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("self", "a self-draft built from the target's own layers", "self-draft",
                  lambda s: ModelDrafter.build(s, "self"),
                  needs="needs a self-draft; build one with `localspec draft make TARGET`"),
+    Registration("mtp", "the target's own multi-token-prediction head", "MTP head", MtpDrafter.build,
+                 needs="needs a target whose file carries MTP heads (as Qwen3.5's do); this one has none"),
     Registration("ngram", "copies from the prompt and the answer so far", "n-gram", CopyDrafter.build),
     Registration("history", "continuations of earlier requests' prompts and answers", "history",
                  HistoryDrafter.build, needs="is turned off (--no-history-drafts or the history_drafts setting)"),
@@ -36,4 +39,4 @@ def build(sources: Sources) -> list[Drafter]:
 
 
 __all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build",
-           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "NgramDrafter", "OpeningDrafter"]
+           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "MtpDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -22,6 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from localspec.engine.adaptive import CostModel
     from localspec.engine.constraint import Constraint
+    from localspec.engine.kv import KvSequence
     from localspec.engine.model import LanguageModel
     from localspec.engine.sampling import Sampler
 
@@ -51,8 +52,10 @@ class Plan:
     the target's verify costs, the answer tokens the request may still produce (a model drafter's
     catch-up must pay for itself over them; the planner passes the current count), a forced draft
     length, whether the request's answer is a function of its context alone
-    (`SamplingSettings.replayable`), and its grammar's state after the context (None: free text;
-    drafters must not advance it)."""
+    (`SamplingSettings.replayable`), its grammar's state after the context (None: free text;
+    drafters must not advance it), and once its prompt is in, the target's KV sequence it decodes in
+    (for drafters that read the target's own state, as the MTP head; None for requests decoded in a
+    shared step)."""
 
     cost: CostModel
     budget: int = 512
@@ -60,6 +63,7 @@ class Plan:
     replayable: bool = False
     grammar: Constraint | None = None
     mode: str = "auto"
+    target: KvSequence | None = None
 
 
 @dataclass

@@ -1,0 +1,193 @@
+"""A target's multi-token-prediction (MTP) head: the next-token block Qwen3.5-style files carry after
+their trunk (`{arch}.nextn_predict_layers`), run in a llama.cpp context of its own on the target's
+weights (context type MTP), as llama.cpp's `draft-mtp` does (common/speculative.cpp,
+`common_speculative_impl_draft_mtp`, the reference tests/test_mtp.py checks proposals against).
+
+The head at position p reads the token there and the trunk's last hidden state one position earlier
+(llama.cpp's `h_nextn`), and predicts the token at p + 1. So its own KV cache follows the target's:
+every target decode is mirrored into it (`follow`, each token paired with the hidden state before it),
+every truncation too; drafting (`predict`) chains the head on its own hidden states from the pending
+token, and `forget` drops those draft positions again before the target verifies them.
+
+llama.cpp declares the hidden-state calls in its staging C++ header (src/llama-ext.h), outside
+`extern "C"`: they are bound by their Itanium-mangled names, found on Linux and macOS builds; where
+they are missing (a Windows build), a file's heads are not used and `unavailable` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import llama_cpp as L
+import numpy as np
+
+from localspec.errors import LocalspecError
+
+_FLOATS = ctypes.POINTER(ctypes.c_float)
+_MANGLED = {
+    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
+                             [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+    "get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+                                 [ctypes.c_void_p, ctypes.c_int32], _FLOATS),
+}
+
+
+def _bind() -> tuple[dict, str]:
+    """The staging calls, or why they cannot be had."""
+    lib = getattr(getattr(L, "llama_cpp", None), "_lib", None)
+    if lib is None:
+        return {}, "llama-cpp-python does not expose its library"
+    calls = {}
+    for name, (symbol, args, result) in _MANGLED.items():
+        try:
+            f = getattr(lib, symbol)
+        except AttributeError:
+            return {}, f"this llama.cpp build does not export {name} (a C++ symbol of llama-ext.h)"
+        f.argtypes, f.restype = args, result
+        calls[name] = f
+    return calls, ""
+
+
+_CALLS, _UNAVAILABLE = _bind()
+
+
+def unavailable() -> str:
+    """Why MTP heads cannot run with this llama.cpp build ("" when they can)."""
+    return _UNAVAILABLE
+
+
+def record_hidden(ctx) -> None:
+    """Make a target context keep the trunk's hidden state of every token it decodes."""
+    _CALLS["set_embeddings_nextn"](ctx, True, False)
+
+
+class MtpHead:
+    """The MTP head's context beside a target's (`target_ctx`, on the same `weights`): its KV cache mirrors
+    the target's, sequence by sequence. Made by `backend.Model` when the file has heads and the build can
+    run them, with the target context's settings."""
+
+    def __init__(self, weights, target_ctx, *, n_layers: int, n_vocab: int, kv_unified: bool, threads: int,
+                 attention_type: int, name: str):
+        self.n_layers = n_layers
+        self.n_embd = L.llama_model_n_embd(weights)
+        self.n_vocab = n_vocab
+        self._target = target_ctx
+        cparams = L.llama_context_default_params()
+        cparams.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target_ctx
+        cparams.n_ctx = L.llama_n_ctx(target_ctx)
+        cparams.n_batch = cparams.n_ubatch = L.llama_n_batch(target_ctx)  # a whole mirrored chunk
+        cparams.n_seq_max = L.llama_n_seq_max(target_ctx)
+        cparams.kv_unified = kv_unified
+        cparams.n_outputs_max = 1  # one draft token a call; the mirror takes no logits
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.flash_attn_type = attention_type
+        cparams.no_perf = True
+        self._ctx = L.llama_init_from_model(weights, cparams)
+        if not self._ctx:
+            raise LocalspecError(f"Cannot create the MTP head's context for {name}.")
+        _CALLS["set_embeddings_nextn"](self._ctx, True, True)
+        self._memory = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_ext_init(self._ctx)
+        # Per sequence: the trunk's hidden states of the target's last decode, and the position of the
+        # first: what the next decode's first token pairs with, and what a rollback within it needs.
+        self._last: dict[int, tuple[int, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ following the target
+
+    def follow(self, parts: Sequence[tuple[int, Sequence[int], int, Sequence[int]]]) -> None:
+        """The target just decoded these parts, (seq, tokens, start, batch indices of the tokens): read
+        their hidden states and run the head over the same tokens, each paired with the state before it."""
+        rows = [(seq, tokens, start, self._hidden(indices)) for seq, tokens, start, indices in parts]
+        keep = []  # the rows' memory must outlive the process call
+        batch = self._batch
+        L.llama_batch_ext_clear(batch)
+        for seq, tokens, start, hidden in rows:
+            before = self.hidden_at(seq, start - 1)
+            for k, token in enumerate(tokens):
+                keep.append(self._add(seq, token, start + k, before if k == 0 else hidden[k - 1], output=False))
+        if L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch) != 0:
+            for seq, _tokens, start, _hidden in rows:  # drafts after these positions would read a gap
+                self.truncate(seq, start)
+            raise LocalspecError("The MTP head could not follow the target's decode.")
+        for seq, _tokens, start, hidden in rows:
+            self._last[seq] = (start, hidden)
+
+    def hidden_at(self, seq: int, pos: int) -> np.ndarray:
+        """The trunk's hidden state at `pos` from the target's last decode of `seq`; zeros where that
+        decode did not reach (the first token, or a cache reused from an earlier request: llama.cpp pairs
+        those with its own stale state; it costs only that position's draft quality)."""
+        start, hidden = self._last.get(seq, (0, None))
+        if hidden is not None and start <= pos < start + len(hidden):
+            return hidden[pos - start]
+        return np.zeros(self.n_embd, dtype=np.float32)
+
+    def truncate(self, seq: int, n_keep: int) -> None:
+        L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
+        start, hidden = self._last.get(seq, (0, None))
+        if hidden is not None:
+            if n_keep <= start:
+                del self._last[seq]
+            else:
+                self._last[seq] = (start, hidden[:n_keep - start])
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        L.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        if src in self._last:
+            self._last[dst] = self._last[src]
+        else:
+            self._last.pop(dst, None)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self._memory, True)
+        self._last.clear()
+
+    # ------------------------------------------------------------------ drafting
+
+    def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The head's logits for the token after `token` at `pos` (paired with `hidden`, the state before
+        it), and its own hidden state there, for the next step. Writes position `pos` of its cache."""
+        L.llama_batch_ext_clear(self._batch)
+        keep = self._add(seq, token, pos, hidden, output=True)
+        rc = L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        del keep
+        if rc != 0:
+            raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, 0), shape=(self.n_vocab,)).copy()
+        state = np.ctypeslib.as_array(_CALLS["get_embeddings_nextn_ith"](self._ctx, 0), shape=(self.n_embd,)).copy()
+        return logits, state
+
+    def forget(self, seq: int, pos: int) -> None:
+        """Drop the head's cache from `pos` on (its draft positions): the target's verify decode writes
+        them again, paired with the target's own states."""
+        L.llama_memory_seq_rm(self._memory, seq, pos, -1)
+
+    # ------------------------------------------------------------------ internals
+
+    def _hidden(self, indices: Sequence[int]) -> np.ndarray:
+        get = _CALLS["get_embeddings_nextn_ith"]
+        out = np.empty((len(indices), self.n_embd), dtype=np.float32)
+        for row, i in enumerate(indices):
+            out[row] = np.ctypeslib.as_array(get(self._target, i), shape=(self.n_embd,))
+        return out
+
+    def _add(self, seq: int, token: int, pos: int, hidden: np.ndarray, output: bool) -> np.ndarray:
+        row = np.ascontiguousarray(hidden, dtype=np.float32)
+        idx = L.llama_batch_ext_add_token(self._batch, seq, token)
+        if idx < 0:
+            raise LocalspecError(f"The MTP head's batch refused a token ({idx}).")
+        L.llama_batch_ext_set_pos(self._batch, idx, (ctypes.c_int32 * 1)(pos))
+        L.llama_batch_ext_set_embd_token(self._batch, idx, L.llama_embd(row.ctypes.data_as(_FLOATS), 1, self.n_embd))
+        if output:
+            L.llama_batch_ext_set_output_logits(self._batch, idx, True)
+        return row
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None):
+            L.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+            self._ctx = None

@@ -1,0 +1,153 @@
+"""The "mtp" drafter: the target's own multi-token-prediction head (backend/mtp.py), drafting from the
+target's hidden state with no second model and no catch-up: the head's cache follows every target decode.
+
+Each step feeds the head the last token and the hidden state before it (the trunk's for the pending
+token, then the head's own), as llama.cpp's `draft-mtp` does; the draft's positions are dropped from the
+head's cache before the verify writes them again with the target's states. Priced as the draft model
+is: its measured cost per draft token against the target's verify costs, and its acceptance by position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+
+from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, margin_for
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
+from localspec.engine.kv import KvSequence
+from localspec.engine.model import PredictionHead
+from localspec.engine.sampling import Sampler, softmax
+
+
+class MtpDrafter(Drafter):
+    """What the head's drafting learns across requests: its cost per token and acceptance by position."""
+
+    name = "mtp"
+    max_len = 3            # llama.cpp's default draft length for MTP heads (common.h, n_max)
+    plausible_best = 0.9   # the acceptance a probe assumes
+    measured_steps = 5     # head steps timed at load for its cost per draft token
+
+    def __init__(self, head: PredictionHead, p_min: float = 0.5, per_token_s: float = 0.0, prior: float = 0.7,
+                 learn_costs: bool = True):
+        self.head = head
+        self.p_min = p_min
+        self.cost = DrafterCost(per_token_s=per_token_s)
+        self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
+        self.learn_costs = learn_costs
+
+    @classmethod
+    def build(cls, sources: Sources) -> "MtpDrafter | None":
+        head = sources.target.mtp
+        if head is None:
+            return None
+        per_token = sources.draft_cost_s
+        if per_token is None:
+            per_token = cls.measure(head, sources.target.n_seq - 1)
+        return cls(head, p_min=sources.p_min, per_token_s=per_token, learn_costs=sources.learn_costs)
+
+    @classmethod
+    def measure(cls, head: PredictionHead, seq: int) -> float:
+        """Seconds per draft token: the median of a few head steps, in a sequence no request holds yet
+        (its cache is emptied again after)."""
+        hidden = np.zeros(head.n_embd, dtype=np.float32)
+        times = []
+        for pos in range(cls.measured_steps + 1):
+            t0 = time.perf_counter()
+            _logits, hidden = head.predict(seq, 0, pos, hidden)
+            times.append(time.perf_counter() - t0)
+        head.forget(seq, 0)
+        return float(np.median(times[1:]))  # the first step sets up the head's graph
+
+    def begin(self, prompt: Sequence[int], plan: Plan) -> "MtpTurn":
+        known = self.acceptance  # a prior at reduced weight, as the draft model's (drafters/model.py)
+        acceptance = dataclasses.replace(known, tried=[t * 0.3 for t in known.tried], kept=[k * 0.3 for k in known.kept])
+        return MtpTurn(self, acceptance)
+
+    def observe_cost(self, draft: Draft) -> None:
+        if isinstance(draft.note, float) and self.learn_costs:
+            self.cost.observe(1, draft.note)
+
+
+class MtpTurn(Turn):
+    """One request's drafting with the head: the target sequence it follows (known once the prompt is
+    in) and its record of the head's acceptance."""
+
+    def __init__(self, drafter: MtpDrafter, acceptance: Acceptance):
+        self.drafter = drafter
+        self.acceptance = acceptance
+        self.kv: KvSequence | None = None
+        self.drafted = False
+
+    def prefill(self, context: Sequence[int], plan: Plan) -> None:
+        self.kv = plan.target
+
+    def _following(self, context: Sequence[int]) -> bool:
+        """Whether the target sequence holds the context but its pending token (the invariant of
+        engine/speculative.py): then the head's cache is at the same place."""
+        return self.kv is not None and len(self.kv.tokens) == len(context) - 1
+
+    def _best(self, cap: int, plan: Plan) -> tuple[int, float]:
+        return best_length(self.acceptance.rates(cap), plan.cost, self.drafter.cost.per_token_s,
+                           margin_for(self.acceptance.samples))
+
+    def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
+        cap = min(plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len, room)
+        if cap <= 0 or not self._following(context):
+            return None
+        if plan.fixed_len is not None:
+            return Offer(cap, 0.0)
+        return Offer(*self._best(cap, plan))
+
+    def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
+        if not self._following(context):
+            return None
+        drafter = self.drafter
+        k, rate = best_length([drafter.plausible_best] * drafter.max_len, plan.cost, drafter.cost.per_token_s)
+        return Offer(1, rate) if k > 0 else None
+
+    def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
+        if length <= 0 or not self._following(context):
+            return Draft.empty()
+        assert self.kv is not None
+        head, seq, p_min = self.drafter.head, self.kv.seq, self.drafter.p_min
+        t0 = time.perf_counter()
+        pos = len(context) - 1  # the pending token's
+        token, hidden = context[-1], head.hidden_at(seq, pos - 1)
+        history = list(context)
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        try:
+            while len(tokens) < length:
+                logits, hidden = head.predict(seq, token, pos + len(tokens), hidden)
+                if sampler.greedy:
+                    adjusted = sampler.adjusted(logits, history)
+                    token = int(np.argmax(adjusted))
+                    confidence = float(softmax(adjusted)[token]) if p_min > 0 else 1.0
+                else:
+                    q = sampler.probs(logits, history)
+                    token = sampler.draw(q)
+                    confidence = float(q.max())
+                    rows.append(q)
+                if tokens and confidence < p_min:
+                    break  # the head is not sure of this one: the draft stops before it
+                tokens.append(token)
+                history.append(token)
+                if confidence < p_min:
+                    break
+        finally:
+            head.forget(seq, pos)
+        seconds = time.perf_counter() - t0
+        return Draft(tokens=tokens, q=np.stack(rows[:len(tokens)]) if rows else None, source=self.drafter.name,
+                     seconds=seconds, note=seconds / len(tokens) if tokens else None)
+
+    def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
+        self.acceptance.observe(len(draft.tokens), accepted)
+        self.drafter.observe_cost(draft)
+        self.drafted = True
+
+    def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        if self.drafted:
+            self.drafter.acceptance = self.acceptance

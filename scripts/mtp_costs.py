@@ -1,0 +1,103 @@
+"""What drafting with a target's MTP head costs on this machine (docs/engine.md, "MTP heads"): the head's
+step per draft token against one target token, and what following the target (every decode mirrored into
+the head's cache) adds to the target's own decodes; then the speedup to expect from these costs and an
+acceptance rate you give (an estimate from costs, never a measured speed).
+
+    .venv/bin/python scripts/random_gguf.py qwen35 /tmp/q35-4b-mtp-f16.gguf --shape qwen3.5-4b --mtp 1 --tokenizer QWEN.gguf
+    .venv/bin/python -c "from localspec.engine.backend import quantize; quantize('/tmp/q35-4b-mtp-f16.gguf', '/tmp/q35-4b-mtp.gguf', 'Q4_K_M')"
+    .venv/bin/python scripts/mtp_costs.py /tmp/q35-4b-mtp.gguf [--acceptance 0.8 0.6 0.45]
+
+The loads with and without the head alternate which is measured first (order alone moves figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
+import numpy as np
+
+from localspec.engine import backend
+from localspec.engine.calibration import measure_costs
+
+SIZES = (1, 2, 3, 4)
+
+
+def _filler(model, n: int) -> list[int]:
+    return [(17 + 31 * i) % (model.n_vocab - 1) + 1 for i in range(n)]
+
+
+def verify_costs(path: str, mtp: bool, context: int) -> dict[int, float]:
+    model = backend.Model(path, backend.ModelOptions(n_ctx=2048, mtp=mtp))
+    try:
+        return measure_costs(model, sizes=SIZES, context_tokens=context, repeats=3)
+    finally:
+        model.close()
+
+
+def head_step(path: str, context: int, steps: int = 12) -> float:
+    """Median seconds of one head step after `context` tokens (the draft's chain, as the drafter runs it)."""
+    model = backend.Model(path, backend.ModelOptions(n_ctx=2048, mtp=True))
+    try:
+        head = model.mtp
+        if head is None:
+            raise SystemExit(f"{path} has no MTP head this build can run")
+        model.decode(_filler(model, context), 0, [])
+        times = []
+        hidden = head.hidden_at(0, context - 1)
+        for i in range(steps + 1):
+            t0 = time.perf_counter()
+            _logits, hidden = head.predict(0, 42, context + i, hidden)
+            times.append(time.perf_counter() - t0)
+        head.forget(0, context)
+        return statistics.median(times[1:])
+    finally:
+        model.close()
+
+
+def expected_speedup(costs: dict[int, float], step: float, acceptance: list[float], plain: float) -> tuple[int, float]:
+    """The best draft length and its tokens per second over plain decoding's, for chained acceptance
+    rates by position (each the chance a token is kept given the ones before were)."""
+    best = (0, 1.0)
+    for k in range(1, len(acceptance) + 1):
+        if k + 1 not in costs:
+            break
+        kept = np.cumprod(acceptance[:k])
+        tokens = 1.0 + float(kept.sum())
+        seconds = costs[k + 1] + k * step
+        ratio = tokens / seconds * plain
+        if ratio > best[1]:
+            best = (k, ratio)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--acceptance", type=float, nargs="+", default=[0.8, 0.6, 0.45],
+                        help="chance each draft position is kept given the ones before (a published rate)")
+    args = parser.parse_args()
+    runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
+    for r in range(args.rounds):
+        for mtp in ((False, True) if r % 2 == 0 else (True, False)):
+            runs[mtp].append(verify_costs(args.model, mtp, args.context))
+    costs = {mtp: {n: min(run[n] for run in runs[mtp]) for n in SIZES} for mtp in runs}
+    step = head_step(args.model, args.context)
+    plain = costs[False][1]
+    print(f"{args.model}, {args.context} tokens of context (fastest of {args.rounds} runs)")
+    print("positions   without head   with head (following)   ratio")
+    for n in SIZES:
+        print(f"{n:9d}   {costs[False][n] * 1e3:9.1f} ms   {costs[True][n] * 1e3:12.1f} ms   {costs[True][n] / costs[False][n]:10.3f}")
+    print(f"head step per draft token: {step * 1e3:.2f} ms = {step / plain:.3f} of a target token")
+    k, ratio = expected_speedup(costs[True], step, args.acceptance, plain)
+    rates = ", ".join(f"{a:.2f}" for a in args.acceptance)
+    print(f"estimate from these costs at acceptance {rates} by position: {ratio:.2f}x plain decoding "
+          f"with {k}-token drafts (an estimate, not a measured speed)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The `mtp` drafter on the real llama.cpp: a random Qwen3.5 file with an MTP block (scripts/random_gguf.py
+--mtp 1), drafting from the target's own hidden states (engine/backend/mtp.py, engine/drafters/mtp.py).
+
+The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/mtp_reference.json holds
+what its `llama-speculative-simple` drafted, round by round, on this very file (its sha256 is checked),
+recorded by scripts/mtp_reference.py; with LOCALSPEC_LLAMA_SPECULATIVE naming that binary, the
+reference is also run live."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_CACHE
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.backend import Model, ModelOptions
+from localspec.engine.events import Round, answer_tokens
+
+pytestmark = pytest.mark.model
+
+SCRIPTS = Path(__file__).parent.parent / "scripts"
+REFERENCE = json.loads((Path(__file__).parent / "data" / "mtp_reference.json").read_text())
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mtp_gguf(smollm2_path) -> Path:
+    folder = TEST_CACHE / "random-ggufs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "qwen35-tiny-mtp1-stdev0.06.gguf"
+    if not path.exists():
+        _script("mtp_reference").write_file(path, smollm2_path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(mtp_gguf):
+    target = Model(mtp_gguf, ModelOptions(n_ctx=1024))
+    # draft_p_min 0: llama.cpp's default for its heads (every draft is n_max long); costs given, so
+    # nothing is timed
+    engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
+                    draft_cost_s=0.001)
+    yield engine
+    target.close()
+
+
+def _drafts(events) -> tuple[list[list[int]], list[int]]:
+    rounds = [e for e in events if isinstance(e, Round) and e.drafted]
+    return [list(r.accepted + r.rejected) for r in rounds], [len(r.accepted) for r in rounds]
+
+
+def test_the_file_is_the_one_the_reference_ran_on(mtp_gguf):
+    assert hashlib.sha256(mtp_gguf.read_bytes()).hexdigest() == REFERENCE["file"]["sha256"]
+
+
+def test_the_head_is_loaded_and_offered(engine):
+    assert engine.target.n_mtp_layers == 1 and engine.target.mtp is not None
+    assert "mtp" in engine.drafters
+
+
+def test_mtp_drafts_equal_llama_cpps_own_round_for_round(engine):
+    # past the reference's answer, so no draft here is cut by the budget; its own last one may be
+    events = list(engine.generate(REFERENCE["prompt"], max_tokens=REFERENCE["n_predict"] + 16, drafter="mtp",
+                                  draft_len=REFERENCE["n_max"]))
+    drafts, accepted = _drafts(events)
+    # the rounds before the reference's budget first cut a draft (after it, the two answers' ends differ)
+    n = next(i for i, v in enumerate(REFERENCE["verified"] + [0]) if v != REFERENCE["n_max"])
+    assert n >= 30
+    assert drafts[:n] == REFERENCE["drafts"][:n]
+    assert accepted[:n] == REFERENCE["accepted"][:n]
+    # the reference covers a draft kept whole, one kept in part, and one thrown away
+    assert {0, 1, REFERENCE["n_max"]} <= set(accepted[:n])
+
+
+@pytest.mark.skipif(not os.environ.get("LOCALSPEC_LLAMA_SPECULATIVE"),
+                    reason="LOCALSPEC_LLAMA_SPECULATIVE does not name llama.cpp's llama-speculative-simple")
+def test_mtp_drafts_equal_a_live_run_of_llama_cpp(engine, mtp_gguf):
+    live = _script("mtp_reference").run_reference(Path(os.environ["LOCALSPEC_LLAMA_SPECULATIVE"]), mtp_gguf)
+    assert live["drafts"][:30] == REFERENCE["drafts"][:30]
+
+
+def test_greedy_answers_equal_plain_decoding(engine):
+    prompt = "Write a story about a cat. Once upon a time"
+    plain = answer_tokens(engine.generate(prompt, max_tokens=40, drafter="none"))
+    for drafter, draft_len in (("mtp", 1), ("mtp", 3), ("mtp", 8), ("auto", "default")):
+        events = list(engine.generate(prompt, max_tokens=40, drafter=drafter, draft_len=draft_len))
+        assert answer_tokens(events) == plain, (drafter, draft_len)
+    drafts, accepted = _drafts(engine.generate(REFERENCE["prompt"], max_tokens=40, drafter="mtp", draft_len=3))
+    assert sum(accepted) > 0 and sum(map(len, drafts)) > sum(accepted)
+
+
+def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf):
+    """The head's cache follows the target's through a second request on the same slot (its prompt
+    continuing the first answer): the drafts equal those of a new engine given the whole prompt at once,
+    but the one position where the cached prefix ends (the head pairs it with a state the first request
+    left; llama.cpp does the same with its stale state)."""
+    first = answer_tokens(engine.generate(REFERENCE["prompt"], max_tokens=12, drafter="mtp", draft_len=3))
+    follow_up = engine.vocab.tokenize(REFERENCE["prompt"]) + first + engine.vocab.tokenize(" more", add_special=False)
+    continued, _ = _drafts(engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
+    target = Model(mtp_gguf, ModelOptions(n_ctx=1024))
+    try:
+        fresh_engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
+                              draft_cost_s=0.001)
+        fresh, _ = _drafts(fresh_engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
+    finally:
+        target.close()
+    assert len(continued) == len(fresh) > 10
+    assert sum(a != b for a, b in zip(continued, fresh)) <= 1
+
+
+def test_run_answers_with_the_mtp_drafter_and_check_names_the_head(mtp_gguf, smollm2_path):
+    result = subprocess.run([sys.executable, "-m", "localspec.cli", "run", str(mtp_gguf), "Hello there",
+                             "--max-tokens", "12", "--ctx", "1024", "--drafter", "mtp"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "12 tokens" in result.stdout + result.stderr
+    result = subprocess.run([sys.executable, "-m", "localspec.cli", "check", str(mtp_gguf), str(smollm2_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert "1 MTP head (the `mtp` drafter)" in result.stdout
+
+
+def test_mtp_on_a_file_without_heads_is_a_clear_error(smollm2_path):
+    result = subprocess.run([sys.executable, "-m", "localspec.cli", "run", str(smollm2_path), "Hi",
+                             "--max-tokens", "4", "--drafter", "mtp"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "The drafter 'mtp' needs a target whose file carries MTP heads" in result.stderr
+    assert "Traceback" not in result.stderr
