@@ -101,3 +101,20 @@ def test_auto_without_a_mirror_reports_the_unreachable_hub(monkeypatch):
     with pytest.raises(PullError) as err:
         pull_model(model, source="auto", say=lambda _m: None)
     assert "127.0.0.1:9" in str(err.value)
+
+
+@pytest.mark.parametrize("model_id", ["qwen3.5-0.8b-q4_k_m", "qwen3.5-4b-q4_k_m"])
+def test_shipped_qwen35_entries_pull_from_their_pinned_revision(hub, model_id):
+    """The catalog's hybrid targets go through the same Hub path: the pinned revision and file are
+    asked for, and bytes other than the pinned ones are refused and deleted."""
+    from localspec.catalog import load_catalog
+
+    model = load_catalog().models[model_id]
+    (file,) = model.hub.files
+    hub.add(model.hub.repo, file.name, b"GGUF" + bytes(1000))
+    with pytest.raises(ChecksumError) as err:
+        pull_model(model, source="hub", say=lambda _m: None)
+    assert f"expected {file.size}" in str(err.value) and "deleted" in str(err.value)
+    asked = [path for method, path, _range in hub.requests if method == "GET" and "/resolve/" in path]
+    assert asked == [f"/{model.hub.repo}/resolve/{model.hub.revision}/{file.name}"]
+    assert locate(model) is None
