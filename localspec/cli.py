@@ -114,6 +114,8 @@ def check(target: str, draft: str) -> None:
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
         decoding = tv.decoding(), dv.decoding()
+        if dv.meta("general.architecture") == "eagle3":  # it reads the target's hidden states: their width
+            report = report.with_rule("EAGLE-3 draft's target width", *_eagle3_width(tv, dv))
     click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
     for result in report.results:
         mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
@@ -166,6 +168,12 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
             click.echo(f"  NOT trusted, not cached: {c.problem}. Run this again when the machine is quiet.")
 
 
+def _eagle3_width(target, draft) -> tuple[bool, str]:
+    arch = target.meta("general.architecture")
+    width, wanted = target.meta(f"{arch}.embedding_length"), draft.meta("eagle3.target_hidden_size")
+    return width == wanted, f"target {width}, draft made for {wanted}"
+
+
 # ----------------------------------------------------------------------------- generation
 
 
@@ -177,6 +185,9 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
               help="'auto' (adaptive) or a fixed number of tokens.")
 @sampling_options
 @click.option("--max-tokens", type=int, default=512, show_default=True)
+@click.option("--draft", "draft_id", default=None, metavar="ID|PATH",
+              help="A draft for the target: a catalog model id or a GGUF path (a second model, checked with "
+                   "the pairing rules, or an EAGLE-3 draft); overrides a pair's.")
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
@@ -184,7 +195,7 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @no_history_option
 @rpc_options
 def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
-        system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
+        draft_id, system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
     """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
@@ -199,8 +210,8 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
     settings = sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     config = load_user_config()
     placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
-    with load(entry_id, drafter=drafter, draft_len=draft_len, n_ctx=n_ctx, history=config.history(no_history_drafts),
-              flash_attn=config.flash_attn(), **placement) as engine:
+    with load(entry_id, draft=draft_id, drafter=drafter, draft_len=draft_len, n_ctx=n_ctx,
+              history=config.history(no_history_drafts), flash_attn=config.flash_attn(), **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
         if raw:

@@ -1,18 +1,20 @@
-"""Record what llama.cpp's own MTP drafting proposes on a random Qwen3.5 file with an MTP block, round by
-round, for tests/test_mtp.py to hold the `mtp` drafter to.
+"""Record what llama.cpp's own drafting from hidden states proposes, round by round, for the tests to
+hold localspec's drafters to: `mtp`, a random Qwen3.5 file with an MTP block (tests/test_mtp.py), and
+`eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py).
 
     python scripts/mtp_reference.py --llama-bin BUILD/bin/llama-speculative-simple \\
-        --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf [--out tests/data/mtp_reference.json]
+        --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf [--kind mtp|eagle3] [--out FILE.json]
 
 The binary is `llama-speculative-simple` built from the llama.cpp that llama-cpp-python 0.3.36 vendors
 (its sdist: `cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF` then
 `cmake --build build --target llama-speculative-simple`; ~20 minutes on 2 cores). It runs
-`--spec-type draft-mtp` (common/speculative.cpp, `common_speculative_impl_draft_mtp`) greedily with
-debug logs, which name each draft's tokens (`draft candidate 0`) and how many the target kept.
+`--spec-type draft-mtp` or `draft-eagle3` (common/speculative.cpp) greedily with debug logs, which name
+each draft's tokens (`draft candidate 0`, with its margin over the runner-up) and how many the target
+kept.
 
-The file is written by scripts/random_gguf.py with the settings in FILE below; its sha256 is recorded, so
-a test compares drafts on the very file the reference ran on. tests/test_mtp.py also runs the binary
-live when LOCALSPEC_LLAMA_SPECULATIVE names it.
+The random file is written by scripts/random_gguf.py with the settings in FILES below; its sha256 is
+recorded, so a test compares drafts on the very file the reference ran on. The tests also run the
+binary live when LOCALSPEC_LLAMA_SPECULATIVE names it.
 """
 
 from __future__ import annotations
@@ -28,23 +30,35 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-# Small weights make the trunk often repeat its input token, which the head (its projection passing the
-# token on) predicts: drafts kept whole, in part and not at all, all in one answer.
-FILE = {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1}
-PROMPT = "one two three four five six seven eight nine ten " * 3
+# mtp: small weights make the trunk often repeat its input token, which the head (its projection passing
+# the token on) predicts: drafts kept whole, in part and not at all, all in one answer. eagle3: a draft
+# for the tests' SmolLM2 (the `--tokenizer` file), which is the target.
+FILES = {"mtp": {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1},
+         "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0}}
+PROMPTS = {"mtp": "one two three four five six seven eight nine ten " * 3,
+           "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the"}
 N_MAX = 3       # llama.cpp's default draft length for MTP
 N_PREDICT = 48
-_CANDIDATE = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)")
+_CANDIDATE = re.compile(r"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \(\s*([0-9.]+)\)")
 _ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
-def write_file(out: Path, tokenizer: Path) -> Path:
+def write_file(out: Path, tokenizer: Path, kind: str = "mtp") -> Path:
     spec = importlib.util.spec_from_file_location("random_gguf", HERE / "random_gguf.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.write(FILE["arch"], out, tokenizer, shape=FILE["shape"], seed=FILE["seed"], stdev=FILE["stdev"],
-                        mtp=FILE["mtp"])
+    f = FILES[kind]
+    return module.write(f["arch"], out, tokenizer, shape=f["shape"], seed=f["seed"], stdev=f["stdev"], mtp=f["mtp"])
+
+
+def cpu_kernels() -> str:
+    """The CPU kernels llama.cpp runs here (its system info): a reference recorded with others may part
+    at near ties of a random file's distributions, which amplify the last bits of the target's states
+    (scripts/batch_noise.py shows the size of such differences)."""
+    from localspec.engine.backend import system_info
+
+    return system_info()
 
 
 def sha256(path: Path) -> str:
@@ -55,44 +69,61 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run_reference(binary: Path, model: Path, n_predict: int = N_PREDICT) -> dict:
-    """llama.cpp's drafts (one list per draft call), how many of each the target verified and kept."""
-    command = [str(binary), "-m", str(model), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(N_MAX),
-               "-p", PROMPT, "-n", str(n_predict), "--temp", "0", "-t", "2", "-c", "1024", "-lv", "5"]
+def run_reference(binary: Path, model: Path, n_predict: int = N_PREDICT, kind: str = "mtp",
+                  draft: Path | None = None) -> dict:
+    """llama.cpp's drafts (one list per draft call), how many of each the target verified and kept.
+    `kind` eagle3: `model` is the target and `draft` the EAGLE-3 file."""
+    drafting = ["--spec-type", "draft-mtp"] if kind == "mtp" else ["--spec-type", "draft-eagle3", "-md", str(draft)]
+    command = [str(binary), "-m", str(model), *drafting, "--spec-draft-n-max", str(N_MAX),
+               "-p", PROMPTS[kind], "-n", str(n_predict), "--temp", "0", "-t", "2", "-c", "1024", "-lv", "5"]
     result = subprocess.run(command, capture_output=True, timeout=600)
     log = result.stdout.decode("utf-8", "replace") + result.stderr.decode("utf-8", "replace")
     if result.returncode != 0:
         raise SystemExit(f"{binary.name} failed ({result.returncode}):\n{log[-2000:]}")
     drafts: list[list[int]] = []
+    margins: list[list[float]] = []  # per drafted token: how far its probability is above the runner-up's
     for line in log.splitlines():
         if m := _CANDIDATE.search(line):
-            if int(m.group(1)) == 0:
-                drafts.append([])
-            drafts[-1].append(int(m.group(2)))
+            rank, pos, token, p = int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4))
+            if rank == 0:
+                if pos == 0:
+                    drafts.append([])
+                    margins.append([])
+                drafts[-1].append(token)
+                margins[-1].append(p)
+            elif rank == 1 and margins[-1][-1] > 0:
+                margins[-1][-1] = round((margins[-1][-1] - p) / margins[-1][-1], 3)
     kept = [(int(m.group(1)), int(m.group(2))) for m in _ACCEPTED.finditer(log)]
     if not drafts:
         raise SystemExit("no drafts found in the log: is this a build with draft-mtp?")
     # "verified": the draft's tokens the target evaluated (fewer than drafted where the answer's budget ends)
-    return {"drafts": drafts, "accepted": [k for k, _n in kept], "verified": [n for _k, n in kept]}
+    return {"drafts": drafts, "accepted": [k for k, _n in kept], "verified": [n for _k, n in kept],
+            "margins": margins}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-bin", type=Path, required=True, help="llama-speculative-simple")
     parser.add_argument("--tokenizer", type=Path, required=True, help="the tests' SmolLM2 GGUF")
-    parser.add_argument("--out", type=Path, default=HERE.parent / "tests" / "data" / "mtp_reference.json")
+    parser.add_argument("--kind", choices=sorted(FILES), default="mtp")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    out = args.out or HERE.parent / "tests" / "data" / f"{args.kind}_reference.json"
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_file(Path(tmp) / "qwen35-mtp.gguf", args.tokenizer)
-        reference = run_reference(args.llama_bin, model)
-        record = {"file": {**FILE, "sha256": sha256(model)}, "prompt": PROMPT, "n_max": N_MAX,
-                  "n_predict": N_PREDICT, **reference}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+        written = write_file(Path(tmp) / f"{args.kind}.gguf", args.tokenizer, args.kind)
+        if args.kind == "mtp":
+            reference = run_reference(args.llama_bin, written)
+        else:
+            reference = run_reference(args.llama_bin, args.tokenizer, kind="eagle3", draft=written)
+        record = {"file": {**FILES[args.kind], "sha256": sha256(written)}, "cpu": cpu_kernels(),
+                  "prompt": PROMPTS[args.kind], "n_max": N_MAX, "n_predict": N_PREDICT, **reference}
+    out.parent.mkdir(parents=True, exist_ok=True)
     lines = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]  # a draft per line
-    lines[list(record).index("drafts")] = ' "drafts": [\n' + ",\n".join(f"  {json.dumps(d)}" for d in record["drafts"]) + "]"
-    args.out.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    for key in ("drafts", "margins"):
+        lines[list(record).index(key)] = (f' "{key}": [\n' + ",\n".join(f"  {json.dumps(d)}" for d in record[key]) + "]")
+    out.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     kept = sum(reference["accepted"])
-    print(f"{args.out}: {len(reference['drafts'])} drafts, {kept} tokens kept")
+    print(f"{out}: {len(reference['drafts'])} drafts, {kept} tokens kept")
     return 0
 
 

@@ -18,6 +18,9 @@ Architectures:
   `--mtp 1`, the multi-token-prediction block the released files carry after the trunk
   (`blk.N.nextn.*`, `qwen35.nextn_predict_layers`): the head the `mtp` drafter drafts with.
 - `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
+- `eagle3`: an EAGLE-3 draft for the GGUF given as `--tokenizer` (its width, heads and layers: the
+  draft reads the inputs of three of its layers, `eagle3.target_layers`, and uses its token embeddings
+  and output head), as the released EAGLE-3 drafts for Llama and Qwen are.
 - `bert`: a BERT encoder (bidirectional attention, mean pooling, no output layer): an embedding model,
   as nomic-embed-text and bge are (`serve --embedding-model`).
 """
@@ -59,7 +62,7 @@ SHAPES = {
     "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
                         ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "mamba", "bert")
+ARCHS = ("lfm2", "qwen35", "mamba", "bert", "eagle3")
 
 
 class _Tensors:
@@ -265,6 +268,41 @@ def _bert(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -
         t.add(p + "ffn_down.bias", s.n_embd)
 
 
+def _eagle3(w: gguf.GGUFWriter, t: _Tensors, target: Path) -> None:
+    """One decoder layer over [norm(token embedding); norm(g)], g = fc(the target's inputs to three of its
+    layers); no token embeddings or output head of its own (the target's are used)."""
+    reader = gguf.GGUFReader(target)
+    arch = reader.fields["general.architecture"].contents()
+
+    def get(key: str) -> int:
+        return int(reader.fields[f"{arch}.{key}"].contents())
+
+    n_embd, n_layer, n_head, n_head_kv = (get("embedding_length"), get("block_count"),
+                                          get("attention.head_count"), get("attention.head_count_kv"))
+    n_ff, head = get("feed_forward_length"), get("embedding_length") // get("attention.head_count")
+    layers = [1, n_layer // 2, n_layer - 3]  # low, middle and high, as EAGLE-3 trains on
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(1)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_array("eagle3.target_layers", layers)
+    w.add_uint32("eagle3.target_hidden_size", n_embd)
+    t.add("fc.weight", 3 * n_embd, n_embd)
+    t.add("output_norm.weight", n_embd, ones=True)
+    p = "blk.0."
+    t.add(p + "attn_norm.weight", n_embd, ones=True)
+    t.add(p + "attn_norm_2.weight", n_embd, ones=True)
+    t.add(p + "attn_q.weight", 2 * n_embd, head * n_head)
+    t.add(p + "attn_k.weight", 2 * n_embd, head * n_head_kv)
+    t.add(p + "attn_v.weight", 2 * n_embd, head * n_head_kv)
+    t.add(p + "attn_output.weight", head * n_head, n_embd)
+    t.add(p + "ffn_norm.weight", n_embd, ones=True)
+    t.add(p + "ffn_gate.weight", n_embd, n_ff)
+    t.add(p + "ffn_up.weight", n_embd, n_ff)
+    t.add(p + "ffn_down.weight", n_ff, n_embd)
+
+
 def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
           stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096, mtp: int = 0) -> Path:
     if arch not in ARCHS:
@@ -279,9 +317,10 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"random-{arch}-{shape}")
     w.add_context_length(n_ctx)
-    w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_block_count(s.n_layer + mtp)
+    if arch != "eagle3":  # (its dimensions are its target's)
+        w.add_embedding_length(s.n_embd)
+        w.add_feed_forward_length(s.n_ff)
+        w.add_block_count(s.n_layer + mtp)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if s.f16 else gguf.LlamaFileType.ALL_F32)
@@ -290,6 +329,8 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     tensors = _Tensors(seed, stdev, noise, s.f16)
     if arch == "bert":
         _bert(w, tensors, s, n_vocab, n_ctx)
+    elif arch == "eagle3":
+        _eagle3(w, tensors, tokenizer)
     elif arch == "qwen35":
         _qwen35(w, tensors, s, n_vocab, mtp)
     else:

@@ -23,7 +23,7 @@ from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence
-from localspec.engine.model import LanguageModel, Vocabulary
+from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
 from localspec.engine.parallel import Guests, Lane, OwnFailure, decode_together, prompt_chunk
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
@@ -58,7 +58,7 @@ class Engine:
     def __init__(self, target: LanguageModel, draft: LanguageModel | None = None, options: EngineOptions | None = None,
                  *, cost: CostModel | None = None, draft_cost_s: float | None = None,
                  template: ChatTemplate | None = None, self_draft: LanguageModel | None = None,
-                 history_file: Path | None = None):
+                 history_file: Path | None = None, eagle3: PredictionHead | None = None):
         self.target = target
         self.draft = draft
         self.self_draft = self_draft
@@ -71,7 +71,8 @@ class Engine:
         self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
         self._drafters: list[Drafter] = build(Sources(
-            target=target, draft=draft, self_draft=self_draft, p_min=opts.draft_p_min, calibrate=opts.calibrate,
+            target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, p_min=opts.draft_p_min,
+            calibrate=opts.calibrate,
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
             history_file=history_file))
         self._template = template

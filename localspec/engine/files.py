@@ -39,6 +39,7 @@ def load_files(
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
     llama.cpp decide (settings.yaml's flash_attention)."""
     from localspec.engine.backend import Model, ModelOptions
+    from localspec.engine.backend.eagle3 import Eagle3Draft, is_eagle3
 
     if history not in ("saved", "memory", "off"):
         raise ValueError(f"history must be saved, memory or off (got {history!r})")
@@ -55,16 +56,20 @@ def load_files(
                                              n_seq=slots, devices=target_devices, tensor_split=tensor_split,
                                              placement=placement, flash_attn=flash_attn,
                                              mtp=drafter in ("auto", "mtp")))
-    draft_model = self_model = None
+    draft_model = self_model = eagle3 = None
     try:
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
         local = ModelOptions(n_ctx=target.n_ctx * target.n_seq, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
                              n_seq=target.n_seq, flash_attn=flash_attn)
+        if draft_path is not None and is_eagle3(Path(draft_path)):
+            # drafts from the target's hidden states, beside it (the target closes it)
+            eagle3 = Eagle3Draft(Path(draft_path), target)
+            draft_path = None
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse)
-        return Engine(target, draft_model, options, self_draft=self_model,
+        return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3,
                       history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:
         for model in (target, draft_model, self_model):

@@ -35,6 +35,9 @@ class PairReport:
                 return f"{r.rule}: {r.detail}"
         return ""
 
+    def with_rule(self, rule: str, ok: bool, detail: str) -> "PairReport":
+        return PairReport((*self.results, RuleResult(rule, ok, detail)))
+
 
 def check_pair(target, draft) -> PairReport:
     """Apply the pairing rules to two vocabularies (objects with type, bos, eos, add_bos, add_eos,

@@ -15,7 +15,8 @@ import numpy as np
 
 from localspec.engine.backend.grammar import Grammar
 from localspec.engine.backend.mtp import MtpHead, record_hidden
-from localspec.engine.backend.mtp import unavailable as mtp_unavailable
+from localspec.engine.backend.staging import Follower
+from localspec.engine.backend.staging import unavailable as mtp_unavailable
 from localspec.engine.constraint import trigger_token
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload, utf8
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
@@ -208,6 +209,9 @@ class _Metadata:
     def decoding(self) -> str:
         """What speculative decoding can do with this file's state, in one line for `check` and `run`."""
         architecture = self.meta("general.architecture") or "unknown"
+        if architecture == "eagle3":
+            return (f"eagle3, an EAGLE-3 draft for a target of hidden size "
+                    f"{self.meta('eagle3.target_hidden_size')} (the `eagle3` drafter)")
         if not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model)):
             return f"{architecture}, a KV cache: drafts of any length{self._heads()}"
         if architecture in ROLLBACK_ARCHITECTURES:
@@ -332,6 +336,8 @@ class Model(_Metadata):
         # The file's MTP heads (Qwen3.5 and kin), followed decode by decode for the `mtp` drafter.
         self.n_mtp_layers = L.llama_model_n_layer_nextn(self._model)
         self.mtp: MtpHead | None = None
+        # Heads whose caches follow this one's, decode by decode (the MTP head, an EAGLE-3 draft).
+        self._followers: list[Follower] = []
         if self.n_mtp_layers > 0 and self.options.mtp and not mtp_unavailable():
             try:
                 self.mtp = MtpHead(self._model, self._ctx, n_layers=self.n_mtp_layers, n_vocab=self.n_vocab,
@@ -340,7 +346,7 @@ class Model(_Metadata):
             except LocalspecError:
                 self.close()
                 raise
-            self.attach(self.mtp.close)
+            self.add_follower(self.mtp)
             record_hidden(self._ctx)
 
     # --- metadata
@@ -392,8 +398,8 @@ class Model(_Metadata):
             if rc != 0:
                 raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
             self._removable[seq] = len(chunk) - 1
-            if self.mtp is not None:
-                self.mtp.follow([(seq, chunk, start + chunk_start, range(len(chunk)))])
+            for follower in self._followers:
+                follower.follow([(seq, chunk, start + chunk_start, range(len(chunk)))])
             for j in outputs:
                 logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
                 for row in rows_of[chunk_start + j]:
@@ -435,13 +441,14 @@ class Model(_Metadata):
             raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
         for seq, tokens, _start, _outputs in parts:
             self._removable[seq] = len(tokens) - 1
-        if self.mtp is not None:
+        if self._followers:
             first = 0
             follow = []
             for seq, tokens, start, _outputs in parts:
                 follow.append((seq, tokens, start, range(first, first + len(tokens))))
                 first += len(tokens)
-            self.mtp.follow(follow)
+            for follower in self._followers:
+                follower.follow(follow)
         return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
                           for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
 
@@ -454,8 +461,8 @@ class Model(_Metadata):
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         self._removable[dst] = 0
         self._checkpoints[dst] = []
-        if self.mtp is not None:
-            self.mtp.copy_seq(src, dst)
+        for follower in self._followers:
+            follower.copy_seq(src, dst)
 
     def checkpoint(self, seq: int = 0) -> None:
         """Keep the recurrent state of `seq` as it is now, for a later `truncate` that goes back further
@@ -497,8 +504,8 @@ class Model(_Metadata):
         `n_keep` and returns that position (0: none, the sequence is emptied). The MTP head's cache
         follows."""
         held = self._truncate(n_keep, seq)
-        if self.mtp is not None:
-            self.mtp.truncate(seq, held)
+        for follower in self._followers:
+            follower.truncate(seq, held)
         return held
 
     def _truncate(self, n_keep: int, seq: int) -> int:
@@ -523,9 +530,9 @@ class Model(_Metadata):
     @property
     def can_shift(self) -> bool:
         """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model, and
-        never past a recurrent state (it would still hold the tokens cut out), nor under an MTP head (its
-        cache pairs each position with the trunk's state before it, which a shift would not move)."""
-        return not self.recurrent and self.mtp is None and bool(L.llama_memory_can_shift(self._memory))
+        never past a recurrent state (it would still hold the tokens cut out), nor with heads following
+        (their caches pair each position with the target's states, which a shift would not move)."""
+        return not self.recurrent and not self._followers and bool(L.llama_memory_can_shift(self._memory))
 
     def cut(self, p0: int, p1: int, seq: int = 0) -> None:
         """Remove positions p0..p1-1 of sequence `seq` and move every later one down by p1 - p0 (their
@@ -537,10 +544,16 @@ class Model(_Metadata):
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
-        if self.mtp is not None:
-            self.mtp.clear()
+        for follower in self._followers:
+            follower.clear()
         self._removable = [0] * self.n_seq
         self._checkpoints = [[] for _ in range(self.n_seq)]
+
+    def add_follower(self, head: "Follower") -> None:
+        """A head whose cache follows this model's (backend/mtp.py, backend/eagle3.py): it sees every
+        decode, truncation, sequence copy and clear from now on, and closes before the weights."""
+        self._followers.append(head)
+        self.attach(head.close)
 
     def attach(self, close: Callable[[], None]) -> None:
         """A context of another kind on these weights (backend/embedding.py): `close` frees it, and runs
@@ -555,7 +568,7 @@ class Model(_Metadata):
 
     def close(self) -> None:
         attached, self._attached = getattr(self, "_attached", []), []
-        self.mtp = None
+        self.mtp, self._followers = None, []
         for close in attached:  # (their contexts use these weights)
             close()
         free_context(self._ctx, self._batch)

@@ -8,58 +8,23 @@ The head at position p reads the token there and the trunk's last hidden state o
 every target decode is mirrored into it (`follow`, each token paired with the hidden state before it),
 every truncation too; drafting (`predict`) chains the head on its own hidden states from the pending
 token, and `forget` drops those draft positions again before the target verifies them.
-
-llama.cpp declares the hidden-state calls in its staging C++ header (src/llama-ext.h), outside
-`extern "C"`: they are bound by their Itanium-mangled names, found on Linux and macOS builds; where
-they are missing (a Windows build), a file's heads are not used and `unavailable` says why.
+The calls it needs are llama.cpp's staging API (backend/staging.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 from typing import Sequence
 
 import llama_cpp as L
 import numpy as np
 
+from localspec.engine.backend.staging import CALLS, add_token, rows
 from localspec.errors import LocalspecError
-
-_FLOATS = ctypes.POINTER(ctypes.c_float)
-_MANGLED = {
-    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
-                             [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
-    "get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
-                                 [ctypes.c_void_p, ctypes.c_int32], _FLOATS),
-}
-
-
-def _bind() -> tuple[dict, str]:
-    """The staging calls, or why they cannot be had."""
-    lib = getattr(getattr(L, "llama_cpp", None), "_lib", None)
-    if lib is None:
-        return {}, "llama-cpp-python does not expose its library"
-    calls = {}
-    for name, (symbol, args, result) in _MANGLED.items():
-        try:
-            f = getattr(lib, symbol)
-        except AttributeError:
-            return {}, f"this llama.cpp build does not export {name} (a C++ symbol of llama-ext.h)"
-        f.argtypes, f.restype = args, result
-        calls[name] = f
-    return calls, ""
-
-
-_CALLS, _UNAVAILABLE = _bind()
-
-
-def unavailable() -> str:
-    """Why MTP heads cannot run with this llama.cpp build ("" when they can)."""
-    return _UNAVAILABLE
 
 
 def record_hidden(ctx) -> None:
     """Make a target context keep the trunk's hidden state of every token it decodes."""
-    _CALLS["set_embeddings_nextn"](ctx, True, False)
+    CALLS["set_embeddings_nextn"](ctx, True, False)
 
 
 class MtpHead:
@@ -87,7 +52,7 @@ class MtpHead:
         self._ctx = L.llama_init_from_model(weights, cparams)
         if not self._ctx:
             raise LocalspecError(f"Cannot create the MTP head's context for {name}.")
-        _CALLS["set_embeddings_nextn"](self._ctx, True, True)
+        CALLS["set_embeddings_nextn"](self._ctx, True, True)
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_ext_init(self._ctx)
         # Per sequence: the trunk's hidden states of the target's last decode, and the position of the
@@ -106,7 +71,7 @@ class MtpHead:
         for seq, tokens, start, hidden in rows:
             before = self.hidden_at(seq, start - 1)
             for k, token in enumerate(tokens):
-                keep.append(self._add(seq, token, start + k, before if k == 0 else hidden[k - 1], output=False))
+                keep.append(add_token(batch, seq, token, start + k, before if k == 0 else hidden[k - 1], output=False))
         if L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch) != 0:
             for seq, _tokens, start, _hidden in rows:  # drafts after these positions would read a gap
                 self.truncate(seq, start)
@@ -150,13 +115,13 @@ class MtpHead:
         """The head's logits for the token after `token` at `pos` (paired with `hidden`, the state before
         it), and its own hidden state there, for the next step. Writes position `pos` of its cache."""
         L.llama_batch_ext_clear(self._batch)
-        keep = self._add(seq, token, pos, hidden, output=True)
+        keep = add_token(self._batch, seq, token, pos, hidden, output=True)
         rc = L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         del keep
         if rc != 0:
             raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, 0), shape=(self.n_vocab,)).copy()
-        state = np.ctypeslib.as_array(_CALLS["get_embeddings_nextn_ith"](self._ctx, 0), shape=(self.n_embd,)).copy()
+        state = rows(CALLS["get_embeddings_nextn_ith"](self._ctx, 0), 1, self.n_embd)[0]
         return logits, state
 
     def forget(self, seq: int, pos: int) -> None:
@@ -167,22 +132,11 @@ class MtpHead:
     # ------------------------------------------------------------------ internals
 
     def _hidden(self, indices: Sequence[int]) -> np.ndarray:
-        get = _CALLS["get_embeddings_nextn_ith"]
+        get = CALLS["get_embeddings_nextn_ith"]
         out = np.empty((len(indices), self.n_embd), dtype=np.float32)
         for row, i in enumerate(indices):
-            out[row] = np.ctypeslib.as_array(get(self._target, i), shape=(self.n_embd,))
+            out[row] = rows(get(self._target, i), 1, self.n_embd)[0]
         return out
-
-    def _add(self, seq: int, token: int, pos: int, hidden: np.ndarray, output: bool) -> np.ndarray:
-        row = np.ascontiguousarray(hidden, dtype=np.float32)
-        idx = L.llama_batch_ext_add_token(self._batch, seq, token)
-        if idx < 0:
-            raise LocalspecError(f"The MTP head's batch refused a token ({idx}).")
-        L.llama_batch_ext_set_pos(self._batch, idx, (ctypes.c_int32 * 1)(pos))
-        L.llama_batch_ext_set_embd_token(self._batch, idx, L.llama_embd(row.ctypes.data_as(_FLOATS), 1, self.n_embd))
-        if output:
-            L.llama_batch_ext_set_output_logits(self._batch, idx, True)
-        return row
 
     def close(self) -> None:
         if getattr(self, "_batch", None):

@@ -1,9 +1,10 @@
-"""The "mtp" drafter: the target's own multi-token-prediction head (backend/mtp.py), drafting from the
-target's hidden state with no second model and no catch-up: the head's cache follows every target decode.
+"""The "mtp" and "eagle3" drafters: a head that drafts from the target's hidden states, the target's own
+multi-token-prediction head (backend/mtp.py) or an EAGLE-3 draft trained on them (backend/eagle3.py),
+with no catch-up: the head's cache follows every target decode.
 
-Each step feeds the head the last token and the hidden state before it (the trunk's for the pending
-token, then the head's own), as llama.cpp's `draft-mtp` does; the draft's positions are dropped from the
-head's cache before the verify writes them again with the target's states. Priced as the draft model
+Each step feeds the head the last token and a state before it (the target's for the pending token, then
+the head's own), as llama.cpp's `draft-mtp` and `draft-eagle3` do; the draft's positions are dropped from
+the head's cache before the verify writes them again with the target's states. Priced as the draft model
 is: its measured cost per draft token against the target's verify costs, and its acceptance by position.
 """
 
@@ -23,15 +24,16 @@ from localspec.engine.sampling import Sampler, softmax
 
 
 class MtpDrafter(Drafter):
-    """What the head's drafting learns across requests: its cost per token and acceptance by position."""
+    """What a head's drafting learns across requests: its cost per token and acceptance by position."""
 
     name = "mtp"
-    max_len = 3            # llama.cpp's default draft length for MTP heads (common.h, n_max)
+    max_len = 3            # llama.cpp's default draft length for its heads (common.h, n_max)
     plausible_best = 0.9   # the acceptance a probe assumes
     measured_steps = 5     # head steps timed at load for its cost per draft token
 
     def __init__(self, head: PredictionHead, p_min: float = 0.5, per_token_s: float = 0.0, prior: float = 0.7,
-                 learn_costs: bool = True):
+                 learn_costs: bool = True, name: str = "mtp"):
+        self.name = name  # "mtp" (the target's own head) or "eagle3" (an EAGLE-3 draft)
         self.head = head
         self.p_min = p_min
         self.cost = DrafterCost(per_token_s=per_token_s)
@@ -39,14 +41,14 @@ class MtpDrafter(Drafter):
         self.learn_costs = learn_costs
 
     @classmethod
-    def build(cls, sources: Sources) -> "MtpDrafter | None":
-        head = sources.target.mtp
+    def build(cls, sources: Sources, name: str = "mtp") -> "MtpDrafter | None":
+        head = sources.target.mtp if name == "mtp" else sources.eagle3
         if head is None:
             return None
         per_token = sources.draft_cost_s
         if per_token is None:
             per_token = cls.measure(head, sources.target.n_seq - 1)
-        return cls(head, p_min=sources.p_min, per_token_s=per_token, learn_costs=sources.learn_costs)
+        return cls(head, p_min=sources.p_min, per_token_s=per_token, learn_costs=sources.learn_costs, name=name)
 
     @classmethod
     def measure(cls, head: PredictionHead, seq: int) -> float:
@@ -54,7 +56,7 @@ class MtpDrafter(Drafter):
         (its cache is emptied again after)."""
         hidden = np.zeros(head.n_embd, dtype=np.float32)
         times = []
-        for pos in range(cls.measured_steps + 1):
+        for pos in range(1, cls.measured_steps + 2):  # (an EAGLE-3 step at pos writes pos - 1)
             t0 = time.perf_counter()
             _logits, hidden = head.predict(seq, 0, pos, hidden)
             times.append(time.perf_counter() - t0)

@@ -1,0 +1,99 @@
+"""llama.cpp's staging API for heads that draft from a target's hidden states (MTP heads, EAGLE-3
+drafts): the calls src/llama-ext.h declares outside `extern "C"`, bound by their Itanium-mangled names
+(Linux and macOS builds export them; where a build does not, `unavailable` says why and the heads are
+not used), the extended batch such heads are fed with, and what a head following a target implements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Protocol, Sequence
+
+import llama_cpp as L
+import numpy as np
+
+from localspec.errors import LocalspecError
+
+FLOATS = ctypes.POINTER(ctypes.c_float)
+_MANGLED = {
+    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
+                             [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+    "get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", [ctypes.c_void_p], FLOATS),
+    "get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+                                 [ctypes.c_void_p, ctypes.c_int32], FLOATS),
+    "set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                                 [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None),
+    "get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                                 [ctypes.c_void_p, ctypes.c_uint32], FLOATS),
+    "target_layer_ids": ("_Z28llama_model_target_layer_idsPK11llama_model", [ctypes.c_void_p],
+                         ctypes.POINTER(ctypes.c_int32)),
+    "target_layer_ids_n": ("_Z30llama_model_target_layer_ids_nPK11llama_model", [ctypes.c_void_p], ctypes.c_uint32),
+}
+
+
+def _bind(wanted: dict) -> tuple[dict, str]:
+    lib = getattr(getattr(L, "llama_cpp", None), "_lib", None)
+    if lib is None:
+        return {}, "llama-cpp-python does not expose its library"
+    calls = {}
+    for name, (symbol, args, result) in wanted.items():
+        try:
+            f = getattr(lib, symbol)
+        except AttributeError:
+            return {}, f"this llama.cpp build does not export {name} (a C++ symbol of llama-ext.h)"
+        f.argtypes, f.restype = args, result
+        calls[name] = f
+    return calls, ""
+
+
+CALLS, _UNAVAILABLE = _bind(_MANGLED)
+
+
+def unavailable() -> str:
+    """Why heads that read a target's hidden states cannot run with this llama.cpp build ("" when they can)."""
+    return _UNAVAILABLE
+
+
+class Follower(Protocol):
+    """A head whose KV cache follows a target `Model`'s (`Model.add_follower`)."""
+
+    def follow(self, parts: Sequence[tuple[int, Sequence[int], int, Sequence[int]]]) -> None:
+        """The target just decoded these parts: (seq, tokens, start, the tokens' batch indices)."""
+        ...
+
+    def truncate(self, seq: int, n_keep: int) -> None: ...
+    def copy_seq(self, src: int, dst: int) -> None: ...
+    def clear(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def rows(pointer, n: int, width: int) -> np.ndarray:
+    """A copy of n rows of `width` floats from a llama.cpp output buffer."""
+    if not pointer:
+        raise LocalspecError("llama.cpp returned no hidden states (were they asked for?).")
+    return np.ctypeslib.as_array(pointer, shape=(n, width)).copy()
+
+
+def add_token(batch, seq: int, token: int, pos: int, state: np.ndarray, output: bool) -> np.ndarray:
+    """A token at `pos` of `seq`, with a state row beside its embedding; returns the row, which must
+    outlive the `llama_process` call that reads it."""
+    row = np.ascontiguousarray(state, dtype=np.float32)
+    idx = L.llama_batch_ext_add_token(batch, seq, token)
+    if idx < 0:
+        raise LocalspecError(f"A head's batch refused a token ({idx}).")
+    L.llama_batch_ext_set_pos(batch, idx, (ctypes.c_int32 * 1)(pos))
+    L.llama_batch_ext_set_embd_token(batch, idx, L.llama_embd(row.ctypes.data_as(FLOATS), 1, len(row)))
+    if output:
+        L.llama_batch_ext_set_output_logits(batch, idx, True)
+    return row
+
+
+def add_state(batch, state: np.ndarray, pos: int) -> np.ndarray:
+    """A state row alone (an encoder's input), at a placeholder position of sequence 0."""
+    row = np.ascontiguousarray(state, dtype=np.float32)
+    idx = L.llama_batch_ext_add_embd(batch, 0, L.llama_embd(row.ctypes.data_as(FLOATS), 1, len(row)))
+    if idx < 0:
+        raise LocalspecError(f"A head's encoder batch refused a row ({idx}).")
+    L.llama_batch_ext_set_pos(batch, idx, (ctypes.c_int32 * 1)(pos))
+    L.llama_batch_ext_set_output_embd(batch, idx, True)
+    return row
