@@ -144,3 +144,48 @@ def test_mtp_on_a_file_without_heads_is_a_clear_error(smollm2_path):
     assert result.returncode != 0
     assert "The drafter 'mtp' needs a target whose file carries MTP heads" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_answers_with_the_head_drafting(mtp_gguf):
+    """Through the server (drafter auto: the head is offered), a chat's answer equals plain decoding's."""
+    import httpx
+
+    from servers import serving
+
+    def ask(server, drafter):
+        body = {"model": "mtp", "messages": [{"role": "user", "content": "Count: one two three"}],
+                "max_tokens": 24, "temperature": 0, "drafter": drafter, "draft_len": 3}
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        return answer["choices"][0]["message"]["content"], answer["localspec"]["drafted"]
+
+    with serving(mtp_gguf, "mtp", 1024) as server:
+        drafted, drafts = ask(server, "mtp")
+        plain, none = ask(server, "none")
+    assert drafted == plain and drafts > 0 and none == 0
+
+
+@pytest.mark.anyio
+async def test_the_chat_app_drafts_with_the_head(mtp_gguf):
+    import time
+
+    from localspec.config import ChatSettings, UserConfig
+    from localspec.tui.app import create_app
+    from localspec.tui.provider import LocalProvider
+
+    config = UserConfig(chat=ChatSettings(max_tokens=24, drafter="mtp", draft_len=3))
+    app = create_app(str(mtp_gguf), provider=LocalProvider(n_ctx=1024), config=config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 120
+        while app.engine is None:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        for ch in "Hello":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        while len(app.history.messages(app.conversation.id)) < 2 or app.generating:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        answer = app.history.messages(app.conversation.id)[-1]
+        assert answer.status == "complete" and answer.stats["drafted"] > 0
