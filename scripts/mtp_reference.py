@@ -1,5 +1,6 @@
 """Record what llama.cpp's own drafting from hidden states proposes, round by round, for the tests to
-hold localspec's drafters to: `mtp`, a random Qwen3.5 file with an MTP block (tests/test_mtp.py), and
+hold localspec's drafters to: `mtp` and `mtp-glm4moe`, random Qwen3.5 (hybrid) and GLM-4.5 (transformer) files with an MTP block
+(tests/test_mtp.py), and
 `eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py).
 
     python scripts/mtp_reference.py --llama-bin BUILD/bin/llama-speculative-simple \\
@@ -34,8 +35,10 @@ HERE = Path(__file__).parent
 # the token on) predicts: drafts kept whole, in part and not at all, all in one answer. eagle3: a draft
 # for the tests' SmolLM2 (the `--tokenizer` file), which is the target.
 FILES = {"mtp": {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1},
+         "mtp-glm4moe": {"arch": "glm4moe", "shape": "tiny", "seed": 0, "stdev": 0.13, "mtp": 1},
          "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0}}
 PROMPTS = {"mtp": "one two three four five six seven eight nine ten " * 3,
+           "mtp-glm4moe": "one two three four five six seven eight nine ten " * 3,
            "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the"}
 N_MAX = 3       # llama.cpp's default draft length for MTP
 N_PREDICT = 48
@@ -73,7 +76,8 @@ def run_reference(binary: Path, model: Path, n_predict: int = N_PREDICT, kind: s
                   draft: Path | None = None) -> dict:
     """llama.cpp's drafts (one list per draft call), how many of each the target verified and kept.
     `kind` eagle3: `model` is the target and `draft` the EAGLE-3 file."""
-    drafting = ["--spec-type", "draft-mtp"] if kind == "mtp" else ["--spec-type", "draft-eagle3", "-md", str(draft)]
+    drafting = (["--spec-type", "draft-eagle3", "-md", str(draft)] if kind == "eagle3"
+                else ["--spec-type", "draft-mtp"])
     command = [str(binary), "-m", str(model), *drafting, "--spec-draft-n-max", str(N_MAX),
                "-p", PROMPTS[kind], "-n", str(n_predict), "--temp", "0", "-t", "2", "-c", "1024", "-lv", "5"]
     result = subprocess.run(command, capture_output=True, timeout=600)
@@ -111,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or HERE.parent / "tests" / "data" / f"{args.kind}_reference.json"
     with tempfile.TemporaryDirectory() as tmp:
         written = write_file(Path(tmp) / f"{args.kind}.gguf", args.tokenizer, args.kind)
-        if args.kind == "mtp":
-            reference = run_reference(args.llama_bin, written)
-        else:
+        if args.kind == "eagle3":
             reference = run_reference(args.llama_bin, args.tokenizer, kind="eagle3", draft=written)
+        else:
+            reference = run_reference(args.llama_bin, written, kind=args.kind)
         record = {"file": {**FILES[args.kind], "sha256": sha256(written)}, "cpu": cpu_kernels(),
                   "prompt": PROMPTS[args.kind], "n_max": N_MAX, "n_predict": N_PREDICT, **reference}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ Architectures:
 - `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer; with
   `--mtp 1`, the multi-token-prediction block the released files carry after the trunk
   (`blk.N.nextn.*`, `qwen35.nextn_predict_layers`): the head the `mtp` drafter drafts with.
+- `glm4moe`: GLM-4.5's transformer (attention, a dense first block, then mixture-of-experts blocks with a
+  shared expert); with `--mtp 1`, the MTP block GLM-4.5 ships after the trunk: a transformer with heads.
 - `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
 - `eagle3`: an EAGLE-3 draft for the GGUF given as `--tokenizer` (its width, heads and layers: the
   draft reads the inputs of three of its layers, `eagle3.target_layers`, and uses its token embeddings
@@ -62,7 +64,8 @@ SHAPES = {
     "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
                         ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "mamba", "bert", "eagle3")
+ARCHS = ("lfm2", "qwen35", "glm4moe", "mamba", "bert", "eagle3")
+MTP_ARCHS = ("qwen35", "glm4moe")
 
 
 class _Tensors:
@@ -212,12 +215,58 @@ def _qwen35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, mtp: int = 
         t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
         t.add(p + "attn_q_norm.weight", head, ones=True)
         t.add(p + "attn_k_norm.weight", head, ones=True)
-        # Passing the token's embedding on, the head predicts what a trunk of small weights does (the
-        # embedding's nearest token: the same one again), so drafts are kept where the trunk repeats.
-        t.add(p + "nextn.eh_proj.weight", 2 * s.n_embd, s.n_embd, eye=True)
-        t.add(p + "nextn.enorm.weight", s.n_embd, ones=True)
-        t.add(p + "nextn.hnorm.weight", s.n_embd, ones=True)
-        t.add(p + "nextn.shared_head_norm.weight", s.n_embd, ones=True)
+        _nextn(t, p, s)
+
+
+def _nextn(t: _Tensors, p: str, s: Shape) -> None:
+    """An MTP block's own tensors: the projection of [norm(token embedding); norm(trunk's state)]. Passing
+    the token's embedding on, the head predicts what a trunk of small weights does (the embedding's
+    nearest token: the same one again), so drafts are kept where the trunk repeats."""
+    t.add(p + "nextn.eh_proj.weight", 2 * s.n_embd, s.n_embd, eye=True)
+    t.add(p + "nextn.enorm.weight", s.n_embd, ones=True)
+    t.add(p + "nextn.hnorm.weight", s.n_embd, ones=True)
+    t.add(p + "nextn.shared_head_norm.weight", s.n_embd, ones=True)
+
+
+def _glm4moe(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, mtp: int = 0) -> None:
+    n_expert, n_used, n_ff_exp = 4, 2, s.n_ff // 4
+    head = s.head
+    w.add_uint32("glm4moe.attention.head_count", s.n_head)
+    w.add_uint32("glm4moe.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32("glm4moe.expert_count", n_expert)
+    w.add_uint32("glm4moe.expert_used_count", n_used)
+    w.add_uint32("glm4moe.expert_shared_count", 1)
+    w.add_uint32("glm4moe.expert_feed_forward_length", n_ff_exp)
+    w.add_uint32("glm4moe.leading_dense_block_count", 1)
+    w.add_float32("glm4moe.expert_weights_scale", 1.0)
+    w.add_bool("glm4moe.expert_weights_norm", True)
+    if mtp:
+        w.add_uint32("glm4moe.nextn_predict_layers", mtp)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("output_norm.weight", s.n_embd, ones=True)
+    for i in range(s.n_layer + mtp):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", s.n_embd, ones=True)
+        t.add(p + "post_attention_norm.weight", s.n_embd, ones=True)
+        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
+        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+        if i == 0:  # the leading dense block
+            t.add(p + "ffn_gate.weight", s.n_embd, s.n_ff)
+            t.add(p + "ffn_up.weight", s.n_embd, s.n_ff)
+            t.add(p + "ffn_down.weight", s.n_ff, s.n_embd)
+        else:
+            t.add(p + "ffn_gate_inp.weight", s.n_embd, n_expert)
+            t.add(p + "exp_probs_b.bias", n_expert)
+            t.add(p + "ffn_gate_exps.weight", s.n_embd, n_ff_exp, n_expert)
+            t.add(p + "ffn_up_exps.weight", s.n_embd, n_ff_exp, n_expert)
+            t.add(p + "ffn_down_exps.weight", n_ff_exp, s.n_embd, n_expert)
+            t.add(p + "ffn_gate_shexp.weight", s.n_embd, n_ff_exp)
+            t.add(p + "ffn_up_shexp.weight", s.n_embd, n_ff_exp)
+            t.add(p + "ffn_down_shexp.weight", n_ff_exp, s.n_embd)
+        if i >= s.n_layer:
+            _nextn(t, p, s)
 
 
 def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
@@ -307,10 +356,10 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
           stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096, mtp: int = 0) -> Path:
     if arch not in ARCHS:
         raise SystemExit(f"unknown architecture {arch!r}; one of: {', '.join(ARCHS)}")
-    if mtp and arch != "qwen35":
-        raise SystemExit(f"MTP blocks are written for qwen35 only, not {arch}")
+    if mtp and arch not in MTP_ARCHS:
+        raise SystemExit(f"MTP blocks are written for {' and '.join(MTP_ARCHS)} only, not {arch}")
     if mtp > 1:
-        raise SystemExit("llama.cpp runs a single MTP block for qwen35 (src/models/qwen35.cpp)")
+        raise SystemExit("llama.cpp runs a single MTP block for these (src/models/qwen35.cpp, glm4-moe.cpp)")
     s = SHAPES[shape]
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
@@ -333,6 +382,8 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
         _eagle3(w, tensors, tokenizer)
     elif arch == "qwen35":
         _qwen35(w, tensors, s, n_vocab, mtp)
+    elif arch == "glm4moe":
+        _glm4moe(w, tensors, s, n_vocab, mtp)
     else:
         {"lfm2": _lfm2, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     tensors.write(w)
@@ -354,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="stdev of a second draw added to every weight: with the target's seed, a draft "
                              "that agrees with it only partly")
     parser.add_argument("--mtp", type=int, default=0, metavar="N",
-                        help="multi-token-prediction blocks after the trunk (qwen35: 0 or 1)")
+                        help="multi-token-prediction blocks after the trunk (qwen35, glm4moe: 0 or 1)")
     args = parser.parse_args(argv)
     path = write(args.arch, args.out, args.tokenizer, shape=args.shape, seed=args.seed, stdev=args.stdev,
                  noise=args.noise, mtp=args.mtp)

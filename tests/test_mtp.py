@@ -1,8 +1,9 @@
-"""The `mtp` drafter on the real llama.cpp: a random Qwen3.5 file with an MTP block (scripts/random_gguf.py
---mtp 1), drafting from the target's own hidden states (engine/backend/mtp.py, engine/drafters/mtp.py).
+"""The `mtp` drafter on the real llama.cpp: random files with an MTP block (scripts/random_gguf.py --mtp 1),
+a hybrid (Qwen3.5) and a transformer (GLM-4.5's mixture of experts), drafting from the target's own hidden
+states (engine/backend/mtp.py, engine/drafters/mtp.py).
 
-The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/mtp_reference.json holds
-what its `llama-speculative-simple` drafted, round by round, on this very file (its sha256 is checked),
+The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/KIND_reference.json holds
+what its `llama-speculative-simple` drafted, round by round, on the very file (its sha256 is checked),
 recorded by scripts/mtp_reference.py; with LOCALSPEC_LLAMA_SPECULATIVE naming that binary, the
 reference is also run live."""
 
@@ -24,7 +25,7 @@ from localspec.engine.events import Round, answer_tokens
 pytestmark = pytest.mark.model
 
 SCRIPTS = Path(__file__).parent.parent / "scripts"
-REFERENCE = json.loads((Path(__file__).parent / "data" / "mtp_reference.json").read_text())
+KINDS = {"mtp": "qwen35-tiny-mtp1-stdev0.06.gguf", "mtp-glm4moe": "glm4moe-tiny-mtp1-stdev0.13.gguf"}
 
 
 def _script(name: str):
@@ -38,13 +39,23 @@ def _script(name: str):
 SCRIPT = _script("mtp_reference")
 
 
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def mtp_gguf(smollm2_path) -> Path:
+def reference(kind) -> dict:
+    return json.loads((Path(__file__).parent / "data" / f"{kind}_reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mtp_gguf(smollm2_path, kind) -> Path:
     folder = TEST_CACHE / "random-ggufs"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "qwen35-tiny-mtp1-stdev0.06.gguf"
+    path = folder / KINDS[kind]
     if not path.exists():
-        SCRIPT.write_file(path, smollm2_path)
+        SCRIPT.write_file(path, smollm2_path, kind)
     return path
 
 
@@ -64,8 +75,8 @@ def _drafts(events) -> tuple[list[list[int]], list[int]]:
     return [list(r.accepted + r.rejected) for r in rounds], [len(r.accepted) for r in rounds]
 
 
-def test_the_file_is_the_one_the_reference_ran_on(mtp_gguf):
-    assert hashlib.sha256(mtp_gguf.read_bytes()).hexdigest() == REFERENCE["file"]["sha256"]
+def test_the_file_is_the_one_the_reference_ran_on(mtp_gguf, reference):
+    assert hashlib.sha256(mtp_gguf.read_bytes()).hexdigest() == reference["file"]["sha256"]
 
 
 def test_the_head_is_loaded_and_offered(engine):
@@ -73,48 +84,48 @@ def test_the_head_is_loaded_and_offered(engine):
     assert "mtp" in engine.drafters
 
 
-def test_mtp_drafts_equal_llama_cpps_own_round_for_round(engine):
+def test_mtp_drafts_equal_llama_cpps_own_round_for_round(engine, reference):
     # past the reference's answer, so no draft here is cut by the budget; its own last one may be
-    events = list(engine.generate(REFERENCE["prompt"], max_tokens=REFERENCE["n_predict"] + 16, drafter="mtp",
-                                  draft_len=REFERENCE["n_max"]))
+    events = list(engine.generate(reference["prompt"], max_tokens=reference["n_predict"] + 16, drafter="mtp",
+                                  draft_len=reference["n_max"]))
     drafts, accepted = _drafts(events)
     # the rounds before the reference's budget first cut a draft (after it, the two answers' ends differ)
-    n = next(i for i, v in enumerate(REFERENCE["verified"] + [0]) if v != REFERENCE["n_max"])
-    assert n >= 30
-    if REFERENCE["cpu"] == system_info():  # the kernels that recorded it: every round
-        assert drafts[:n] == REFERENCE["drafts"][:n]
-        assert accepted[:n] == REFERENCE["accepted"][:n]
+    n = next(i for i, v in enumerate(reference["verified"] + [0]) if v != reference["n_max"])
+    assert n >= 15
+    if reference["cpu"] == system_info():  # the kernels that recorded it: every round
+        assert drafts[:n] == reference["drafts"][:n]
+        assert accepted[:n] == reference["accepted"][:n]
     else:  # others: the target's states differ in their last bits, which a random head amplifies at
         # near ties (on this project's AVX2 build, 38 of an EAGLE-3 draft's 45 rounds, all of MTP's)
-        assert sum(a == b for a, b in zip(drafts[:n], REFERENCE["drafts"][:n])) >= 0.7 * n
+        assert sum(a == b for a, b in zip(drafts[:n], reference["drafts"][:n])) >= 0.7 * n
     # the reference covers a draft kept whole, one kept in part, and one thrown away
-    assert {0, 1, REFERENCE["n_max"]} <= set(accepted[:n])
+    assert {0, 1, reference["n_max"]} <= set(accepted[:n])
 
 
 @pytest.mark.skipif(not os.environ.get("LOCALSPEC_LLAMA_SPECULATIVE"),
                     reason="LOCALSPEC_LLAMA_SPECULATIVE does not name llama.cpp's llama-speculative-simple")
-def test_mtp_drafts_equal_a_live_run_of_llama_cpp(engine, mtp_gguf):
-    live = SCRIPT.run_reference(Path(os.environ["LOCALSPEC_LLAMA_SPECULATIVE"]), mtp_gguf)
-    assert live["drafts"][:30] == REFERENCE["drafts"][:30]
+def test_mtp_drafts_equal_a_live_run_of_llama_cpp(engine, mtp_gguf, kind, reference):
+    live = SCRIPT.run_reference(Path(os.environ["LOCALSPEC_LLAMA_SPECULATIVE"]), mtp_gguf, kind=kind)
+    assert live["drafts"][:30] == reference["drafts"][:30]
 
 
-def test_greedy_answers_equal_plain_decoding(engine):
+def test_greedy_answers_equal_plain_decoding(engine, reference):
     prompt = "Write a story about a cat. Once upon a time"
     plain = answer_tokens(engine.generate(prompt, max_tokens=40, drafter="none"))
     for drafter, draft_len in (("mtp", 1), ("mtp", 3), ("mtp", 8), ("auto", "default")):
         events = list(engine.generate(prompt, max_tokens=40, drafter=drafter, draft_len=draft_len))
         assert answer_tokens(events) == plain, (drafter, draft_len)
-    drafts, accepted = _drafts(engine.generate(REFERENCE["prompt"], max_tokens=40, drafter="mtp", draft_len=3))
+    drafts, accepted = _drafts(engine.generate(reference["prompt"], max_tokens=40, drafter="mtp", draft_len=3))
     assert sum(accepted) > 0 and sum(map(len, drafts)) > sum(accepted)
 
 
-def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf):
+def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf, reference):
     """The head's cache follows the target's through a second request on the same slot (its prompt
     continuing the first answer): the drafts equal those of a new engine given the whole prompt at once,
     but the one position where the cached prefix ends (the head pairs it with a state the first request
     left; llama.cpp does the same with its stale state)."""
-    first = answer_tokens(engine.generate(REFERENCE["prompt"], max_tokens=12, drafter="mtp", draft_len=3))
-    follow_up = engine.vocab.tokenize(REFERENCE["prompt"]) + first + engine.vocab.tokenize(" more", add_special=False)
+    first = answer_tokens(engine.generate(reference["prompt"], max_tokens=12, drafter="mtp", draft_len=3))
+    follow_up = engine.vocab.tokenize(reference["prompt"]) + first + engine.vocab.tokenize(" more", add_special=False)
     continued, _ = _drafts(engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
     target = Model(mtp_gguf, ModelOptions(n_ctx=1024))
     try:
@@ -123,7 +134,7 @@ def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf):
         fresh, _ = _drafts(fresh_engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
     finally:
         target.close()
-    assert len(continued) == len(fresh) > 10
+    assert len(continued) == len(fresh) > 5
     assert sum(a != b for a, b in zip(continued, fresh)) <= 1
 
 
@@ -147,7 +158,7 @@ def test_mtp_on_a_file_without_heads_is_a_clear_error(smollm2_path):
 
 
 def test_serve_answers_with_the_head_drafting(mtp_gguf):
-    """Through the server (drafter auto: the head is offered), a chat's answer equals plain decoding's."""
+    """Through the server, a chat that asks for the head drafts with it and answers as plain decoding does."""
     import httpx
 
     from servers import serving
