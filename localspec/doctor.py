@@ -28,6 +28,10 @@ def report() -> list[str]:
     say(f"flash attention     {_flash_attention_state()}")
     say(f"recurrent targets   drafts verified and rolled back: {', '.join(sorted(backend.ROLLBACK_ARCHITECTURES))}; "
         "other recurrent or hybrid models decode plainly")
+    from localspec.engine.backend.staging import unavailable
+
+    heads = unavailable()
+    say(f"hidden-state drafts {'no: ' + heads if heads else 'yes: MTP heads in a target file (mtp), EAGLE-3 drafts (eagle3)'}")
     if not gpu:
         say("With an NVIDIA GPU and the CUDA toolkit, `bash scripts/setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")

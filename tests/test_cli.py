@@ -111,6 +111,7 @@ def test_doctor_reports_the_build():
     assert result.returncode == 0, result.stderr
     assert "GPU offload" in result.stdout and "llama-cpp-python" in result.stdout
     assert "device cpu" in result.stdout
+    assert "hidden-state drafts yes: MTP heads" in result.stdout  # this build exports llama-ext.h's calls
 
 
 @pytest.mark.model
