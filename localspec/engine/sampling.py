@@ -234,6 +234,17 @@ class Sampler:
     def uniform(self) -> float:
         return float(self.rng.random())
 
+    def draft_token(self, logits: np.ndarray, history: Sequence[int], confidence: bool) -> tuple[int, float, np.ndarray | None]:
+        """A model drafter's next token from its logits: greedy, the adjusted argmax (its probability
+        computed only when `confidence` is wanted, else 1.0); sampling, a draw from q, which is returned
+        for speculative sampling's acceptance. With the token's probability, the drafter's confidence."""
+        if self.greedy:
+            adjusted = self.adjusted(logits, history)
+            token = int(np.argmax(adjusted))
+            return token, float(softmax(adjusted)[token]) if confidence else 1.0, None
+        q = self.probs(logits, history)
+        return self.draw(q), float(q.max()), q
+
 
 class Choices(Protocol):
     """The target's choice at row i (a list, or rows computed only when asked for)."""

@@ -20,7 +20,7 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.llama import Model, _load_model
-from localspec.engine.backend.staging import CALLS, add_state, add_token, rows
+from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError
 
@@ -60,7 +60,7 @@ class Eagle3Draft:
         self._target_ctx = target._ctx
         self._target_width = L.llama_model_n_embd(target._model)
         self._held: dict[int, int] = {}  # per sequence: positions the decoder's cache holds (0…held-1)
-        self._g: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: g of the target's last decode, from a position
+        self._g = LastRows(self.n_embd)  # g of the target's last decode of each sequence
         for lid in self.layers:  # the target keeps the inputs of these layers for every token it decodes
             CALLS["set_embeddings_layer_inp"](target._ctx, lid, True)
         target.add_follower(self)
@@ -128,7 +128,7 @@ class Eagle3Draft:
             raise LocalspecError("The EAGLE-3 draft could not follow the target's decode.")
         for seq, tokens, start, g in encoded:
             self._held[seq] = start + len(tokens) - 1
-            self._g[seq] = (start, g)
+            self._g.set(seq, start, g)
 
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """g for each row of target features, ENCODER_CHUNK rows a call."""
@@ -149,30 +149,20 @@ class Eagle3Draft:
         return out
 
     def hidden_at(self, seq: int, pos: int) -> np.ndarray:
-        start, g = self._g.get(seq, (0, None))
-        if g is not None and start <= pos < start + len(g):
-            return g[pos - start]
-        return np.zeros(self.n_embd, dtype=np.float32)
+        """g at `pos` from the target's last decode of `seq` (`LastRows`)."""
+        return self._g.at(seq, pos)
 
     def truncate(self, seq: int, n_keep: int) -> None:
         keep = max(n_keep - 1, 0)  # the pair at n_keep - 1 waits for the token after it
         L.llama_memory_seq_rm(self._memory, seq, keep, -1)
         self._held[seq] = min(self._held.get(seq, 0), keep)
-        start, g = self._g.get(seq, (0, None))
-        if g is not None:
-            if n_keep <= start:
-                del self._g[seq]
-            else:
-                self._g[seq] = (start, g[:n_keep - start])
+        self._g.cut(seq, n_keep)
 
     def copy_seq(self, src: int, dst: int) -> None:
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         self._held[dst] = self._held.get(src, 0)
-        if src in self._g:
-            self._g[dst] = self._g[src]
-        else:
-            self._g.pop(dst, None)
+        self._g.copy(src, dst)
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)

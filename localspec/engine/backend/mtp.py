@@ -18,7 +18,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.staging import CALLS, add_token, rows
+from localspec.engine.backend.staging import CALLS, LastRows, add_token, rows
 from localspec.errors import LocalspecError
 
 
@@ -55,9 +55,7 @@ class MtpHead:
         CALLS["set_embeddings_nextn"](self._ctx, True, True)
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_ext_init(self._ctx)
-        # Per sequence: the trunk's hidden states of the target's last decode, and the position of the
-        # first: what the next decode's first token pairs with, and what a rollback within it needs.
-        self._last: dict[int, tuple[int, np.ndarray]] = {}
+        self._last = LastRows(self.n_embd)  # the trunk's states of the target's last decode of each sequence
 
     # ------------------------------------------------------------------ following the target
 
@@ -77,33 +75,20 @@ class MtpHead:
                 self.truncate(seq, start)
             raise LocalspecError("The MTP head could not follow the target's decode.")
         for seq, _tokens, start, hidden in rows:
-            self._last[seq] = (start, hidden)
+            self._last.set(seq, start, hidden)
 
     def hidden_at(self, seq: int, pos: int) -> np.ndarray:
-        """The trunk's hidden state at `pos` from the target's last decode of `seq`; zeros where that
-        decode did not reach (the first token, or a cache reused from an earlier request: llama.cpp pairs
-        those with its own stale state; it costs only that position's draft quality)."""
-        start, hidden = self._last.get(seq, (0, None))
-        if hidden is not None and start <= pos < start + len(hidden):
-            return hidden[pos - start]
-        return np.zeros(self.n_embd, dtype=np.float32)
+        """The trunk's hidden state at `pos` from the target's last decode of `seq` (`LastRows`)."""
+        return self._last.at(seq, pos)
 
     def truncate(self, seq: int, n_keep: int) -> None:
         L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
-        start, hidden = self._last.get(seq, (0, None))
-        if hidden is not None:
-            if n_keep <= start:
-                del self._last[seq]
-            else:
-                self._last[seq] = (start, hidden[:n_keep - start])
+        self._last.cut(seq, n_keep)
 
     def copy_seq(self, src: int, dst: int) -> None:
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-        if src in self._last:
-            self._last[dst] = self._last[src]
-        else:
-            self._last.pop(dst, None)
+        self._last.copy(src, dst)
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)

@@ -67,6 +67,45 @@ class Follower(Protocol):
     def close(self) -> None: ...
 
 
+class LastRows:
+    """Per sequence, the rows a head computed from the target's last decode of it (the trunk's states,
+    or g), from the decode's first position: what the next decode's first token pairs with, and what a
+    rollback within that decode needs. Zeros where they are not known (a sequence's first token, or a
+    cache reused from an earlier request: llama.cpp pairs those with its own stale state; it costs only
+    that position's draft quality)."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self._rows: dict[int, tuple[int, np.ndarray]] = {}
+
+    def set(self, seq: int, start: int, rows: np.ndarray) -> None:
+        self._rows[seq] = (start, rows)
+
+    def at(self, seq: int, pos: int) -> np.ndarray:
+        start, rows = self._rows.get(seq, (0, None))
+        if rows is not None and start <= pos < start + len(rows):
+            return rows[pos - start]
+        return np.zeros(self.width, dtype=np.float32)
+
+    def cut(self, seq: int, n_keep: int) -> None:
+        """The sequence keeps positions below `n_keep`."""
+        start, rows = self._rows.get(seq, (0, None))
+        if rows is not None:
+            if n_keep <= start:
+                del self._rows[seq]
+            else:
+                self._rows[seq] = (start, rows[:n_keep - start])
+
+    def copy(self, src: int, dst: int) -> None:
+        if src in self._rows:
+            self._rows[dst] = self._rows[src]
+        else:
+            self._rows.pop(dst, None)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
 def rows(pointer, n: int, width: int) -> np.ndarray:
     """A copy of n rows of `width` floats from a llama.cpp output buffer."""
     if not pointer:

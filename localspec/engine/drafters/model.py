@@ -17,7 +17,7 @@ from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, marg
 from localspec.engine.calibration import calibrated_costs
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence, common_prefix
-from localspec.engine.sampling import Sampler, softmax
+from localspec.engine.sampling import Sampler
 
 
 class ModelDrafter(Drafter):
@@ -216,14 +216,8 @@ class ModelTurn(Turn):
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         while True:
-            if sampler.greedy:
-                adjusted = sampler.adjusted(logits, history)
-                token = int(np.argmax(adjusted))
-                confidence = float(softmax(adjusted)[token]) if p_min > 0 else 1.0
-            else:
-                q = sampler.probs(logits, history)
-                token = sampler.draw(q)
-                confidence = float(q.max())
+            token, confidence, q = sampler.draft_token(logits, history, p_min > 0)
+            if q is not None:
                 rows.append(q)
             if tokens and confidence < p_min:
                 break  # not even this one: the draft stops where the model stops being sure

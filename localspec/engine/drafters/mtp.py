@@ -20,7 +20,7 @@ from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, marg
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import PredictionHead
-from localspec.engine.sampling import Sampler, softmax
+from localspec.engine.sampling import Sampler
 
 
 class MtpDrafter(Drafter):
@@ -124,14 +124,8 @@ class MtpTurn(Turn):
         try:
             while len(tokens) < length:
                 logits, hidden = head.predict(seq, token, pos + len(tokens), hidden)
-                if sampler.greedy:
-                    adjusted = sampler.adjusted(logits, history)
-                    token = int(np.argmax(adjusted))
-                    confidence = float(softmax(adjusted)[token]) if p_min > 0 else 1.0
-                else:
-                    q = sampler.probs(logits, history)
-                    token = sampler.draw(q)
-                    confidence = float(q.max())
+                token, confidence, q = sampler.draft_token(logits, history, p_min > 0)
+                if q is not None:
                     rows.append(q)
                 if tokens and confidence < p_min:
                     break  # the head is not sure of this one: the draft stops before it
