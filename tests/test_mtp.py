@@ -1,6 +1,6 @@
 """The `mtp` drafter on the real llama.cpp: random files with an MTP block (scripts/random_gguf.py --mtp 1),
 a hybrid (Qwen3.5) and a transformer (GLM-4.5's mixture of experts), drafting from the target's own hidden
-states (engine/backend/mtp.py, engine/drafters/mtp.py).
+states (engine/backend/mtp.py, engine/drafters/heads.py).
 
 The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/KIND_reference.json holds
 what its `llama-speculative-simple` drafted, round by round, on the very file (its sha256 is checked),

@@ -16,7 +16,7 @@ import numpy as np
 from localspec.engine.backend.grammar import Grammar
 from localspec.engine.backend.mtp import MtpHead, record_hidden
 from localspec.engine.backend.staging import Follower
-from localspec.engine.backend.staging import unavailable as mtp_unavailable
+from localspec.engine.backend.staging import unavailable as heads_unavailable
 from localspec.engine.constraint import trigger_token
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload, utf8
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
@@ -226,7 +226,7 @@ class _Metadata:
         n = int(value) if value.isdigit() else 0
         if n <= 0:
             return ""
-        if why := mtp_unavailable():
+        if why := heads_unavailable():
             return f"; {n} MTP head{'s' if n > 1 else ''}, unused: {why}"
         return f"; {n} MTP head{'s' if n > 1 else ''} (the `mtp` drafter)"
 
@@ -285,7 +285,7 @@ class Model(_Metadata):
         self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=self.options.gpu_layers(),
                                   load_mode=self.options.load_mode(), devices=self.options.devices,
                                   tensor_split=self.options.tensor_split,
-                                  load_mtp=self.options.mtp and not mtp_unavailable())
+                                  load_mtp=self.options.mtp and not heads_unavailable())
         self.vocab = Vocab(self._model)
         self.n_vocab = self.vocab.n_tokens
         self.n_ctx_train = L.llama_model_n_ctx_train(self._model)
@@ -338,7 +338,7 @@ class Model(_Metadata):
         self.mtp: MtpHead | None = None
         # Heads whose caches follow this one's, decode by decode (the MTP head, an EAGLE-3 draft).
         self._followers: list[Follower] = []
-        if self.n_mtp_layers > 0 and self.options.mtp and not mtp_unavailable():
+        if self.n_mtp_layers > 0 and self.options.mtp and not heads_unavailable():
             try:
                 self.mtp = MtpHead(self._model, self._ctx, n_layers=self.n_mtp_layers, n_vocab=self.n_vocab,
                                    kv_unified=self.options.kv_unified, threads=self.options.threads(),
@@ -501,8 +501,8 @@ class Model(_Metadata):
 
         That is `n_keep`, except for a recurrent state that cannot go back that far (more than the last
         decode's snapshots, or a second time since it): it goes back to its newest checkpoint at or before
-        `n_keep` and returns that position (0: none, the sequence is emptied). The MTP head's cache
-        follows."""
+        `n_keep` and returns that position (0: none, the sequence is emptied). Following heads' caches
+        follow."""
         held = self._truncate(n_keep, seq)
         for follower in self._followers:
             follower.truncate(seq, held)

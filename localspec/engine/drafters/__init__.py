@@ -14,7 +14,7 @@ from localspec.engine.drafters.copies import CopyDrafter
 from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
 from localspec.engine.drafters.model import ModelDrafter
-from localspec.engine.drafters.mtp import MtpDrafter
+from localspec.engine.drafters.heads import HeadDrafter
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
 
 REGISTRY: tuple[Registration, ...] = (
@@ -23,10 +23,10 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("self", "a self-draft built from the target's own layers", "self-draft",
                  lambda s: ModelDrafter.build(s, "self"),
                  needs="needs a self-draft; build one with `localspec draft make TARGET`"),
-    Registration("mtp", "the target's own multi-token-prediction head", "MTP head", MtpDrafter.build,
+    Registration("mtp", "the target's own multi-token-prediction head", "MTP head", HeadDrafter.build,
                  needs="needs a target whose file carries MTP heads (as Qwen3.5's do); this one has none"),
     Registration("eagle3", "an EAGLE-3 draft, trained on the target's hidden states", "EAGLE-3",
-                 lambda s: MtpDrafter.build(s, "eagle3"),
+                 lambda s: HeadDrafter.build(s, "eagle3"),
                  needs="needs an EAGLE-3 draft (a pair whose draft file is one); this engine has none"),
     Registration("ngram", "copies from the prompt and the answer so far", "n-gram", CopyDrafter.build),
     Registration("history", "continuations of earlier requests' prompts and answers", "history",
@@ -42,4 +42,4 @@ def build(sources: Sources) -> list[Drafter]:
 
 
 __all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build",
-           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "MtpDrafter", "NgramDrafter", "OpeningDrafter"]
+           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "HeadDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -23,7 +23,7 @@ from localspec.engine.model import PredictionHead
 from localspec.engine.sampling import Sampler
 
 
-class MtpDrafter(Drafter):
+class HeadDrafter(Drafter):
     """What a head's drafting learns across requests: its cost per token and acceptance by position."""
 
     name = "mtp"
@@ -41,7 +41,7 @@ class MtpDrafter(Drafter):
         self.learn_costs = learn_costs
 
     @classmethod
-    def build(cls, sources: Sources, name: str = "mtp") -> "MtpDrafter | None":
+    def build(cls, sources: Sources, name: str = "mtp") -> "HeadDrafter | None":
         head = sources.target.mtp if name == "mtp" else sources.eagle3
         if head is None:
             return None
@@ -63,21 +63,21 @@ class MtpDrafter(Drafter):
         head.forget(seq, 0)
         return float(np.median(times[1:]))  # the first step sets up the head's graph
 
-    def begin(self, prompt: Sequence[int], plan: Plan) -> "MtpTurn":
+    def begin(self, prompt: Sequence[int], plan: Plan) -> "HeadTurn":
         known = self.acceptance  # a prior at reduced weight, as the draft model's (drafters/model.py)
         acceptance = dataclasses.replace(known, tried=[t * 0.3 for t in known.tried], kept=[k * 0.3 for k in known.kept])
-        return MtpTurn(self, acceptance)
+        return HeadTurn(self, acceptance)
 
     def observe_cost(self, draft: Draft) -> None:
         if isinstance(draft.note, float) and self.learn_costs:
             self.cost.observe(1, draft.note)
 
 
-class MtpTurn(Turn):
+class HeadTurn(Turn):
     """One request's drafting with the head: the target sequence it follows (known once the prompt is
     in) and its record of the head's acceptance."""
 
-    def __init__(self, drafter: MtpDrafter, acceptance: Acceptance):
+    def __init__(self, drafter: HeadDrafter, acceptance: Acceptance):
         self.drafter = drafter
         self.acceptance = acceptance
         self.kv: KvSequence | None = None
