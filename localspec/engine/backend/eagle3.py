@@ -19,7 +19,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.llama import Model, _load_model
+from localspec.engine.backend.llama import Model, _load_model, _Metadata
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError
@@ -38,24 +38,24 @@ def is_eagle3(path: Path) -> bool:
     return field is not None and field.contents() == "eagle3"
 
 
-class Eagle3Draft:
+class Eagle3Draft(_Metadata):
     """An EAGLE-3 GGUF in a context beside a target `Model`'s, its cache following the target's
     sequence by sequence. The target's token embeddings and output head are used where the file has
     none of its own (llama.cpp's `ctx_other`)."""
 
     def __init__(self, path: Path | str, target: Model):
         self.path = Path(path)
-        self._weights = self._ctx = self._batch = self._memory = None
+        self._model = self._ctx = self._batch = self._memory = None
         if not CALLS:
             raise LocalspecError(f"{self.path.name} is an EAGLE-3 draft, which this llama.cpp build cannot run.")
-        self._weights = _load_model(self.path, vocab_only=False, n_gpu_layers=target.options.gpu_layers())
+        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=target.options.gpu_layers())
         try:
             self.layers = self._check(target)
             self._open(target)
         except BaseException:
             self.close()
             raise
-        self.n_embd = L.llama_model_n_embd(self._weights)
+        self.n_embd = L.llama_model_n_embd(self._model)
         self.n_vocab = target.n_vocab
         self._target_ctx = target._ctx
         self._target_width = L.llama_model_n_embd(target._model)
@@ -69,13 +69,13 @@ class Eagle3Draft:
         """The target layers the draft reads, once it is sure the draft was made for this target."""
         name = self.path.name
         meta = target.meta
-        architecture = _meta(self._weights, "general.architecture")
+        architecture = self.meta("general.architecture")
         if architecture != "eagle3":
             raise ModelFileError(f"{name} is not an EAGLE-3 draft (its architecture is {architecture}).")
-        n = CALLS["target_layer_ids_n"](self._weights)
-        ids = CALLS["target_layer_ids"](self._weights)
+        n = CALLS["target_layer_ids_n"](self._model)
+        ids = CALLS["target_layer_ids"](self._model)
         layers = [int(ids[i]) for i in range(n)]
-        hidden = int(_meta(self._weights, "eagle3.target_hidden_size") or 0)
+        hidden = int(self.meta("eagle3.target_hidden_size") or 0)
         width = L.llama_model_n_embd(target._model)
         if hidden != width:
             raise ModelFileError(f"{name} is an EAGLE-3 draft for a target of hidden size {hidden}; "
@@ -83,7 +83,7 @@ class Eagle3Draft:
         if max(layers) >= target.n_layer:
             raise ModelFileError(f"{name} reads layer {max(layers)} of its target; {target.path.name} has "
                                  f"{target.n_layer} layers.")
-        vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._weights))
+        vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
         if vocab != target.n_vocab:
             raise ModelFileError(f"{name} has a vocabulary of {vocab} tokens; {target.path.name} has {target.n_vocab}.")
         return layers
@@ -100,7 +100,7 @@ class Eagle3Draft:
         cparams.n_threads = cparams.n_threads_batch = target.options.threads()
         cparams.flash_attn_type = target.options.attention_type()
         cparams.no_perf = True
-        self._ctx = L.llama_init_from_model(self._weights, cparams)
+        self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise LocalspecError(f"Cannot create a context for the EAGLE-3 draft {self.path.name}.")
         CALLS["set_embeddings_nextn"](self._ctx, True, True)
@@ -197,14 +197,7 @@ class Eagle3Draft:
         if self._ctx is not None:
             L.llama_free(self._ctx)
             self._ctx = None
-        if self._weights is not None:
-            L.llama_model_free(self._weights)
-            self._weights = None
+        if self._model is not None:
+            L.llama_model_free(self._model)
+            self._model = None
 
-
-def _meta(weights, key: str) -> str | None:
-    import ctypes
-
-    buf = ctypes.create_string_buffer(256)
-    n = L.llama_model_meta_val_str(weights, key.encode(), buf, len(buf))
-    return buf.value.decode("utf-8", "replace") if n >= 0 else None
