@@ -35,6 +35,16 @@ age class (prompt copies 0-4, 5-9 and 10+ tokens old, answer copies 10+), the be
 chosen on the very answers it is scored on. A yardstick, not a proof: the planner also learns within
 a request. Where it stays well below a target, pricing by age is unlikely to reach it: the copies'
 breaks there are not told by their age.
+
+Candidate trees (scripts/replay_trees.py): `--trees SLACK` grows each round's chain into a tree of other
+matches within SLACK more than the chain's verify cost; `--bounds` prints the hindsight bound of each
+kind of draft (copies, trees of lookups, and after `record-draft` the draft model's guesses and the copy
+with the model's guess where it breaks); `--model-drafts` replays the draft model's chains and two-wide
+trees priced with its recorded time; `--gpu-table` prices bounds and model drafts at a GPU's shape.
+
+    python scripts/replay_planner.py record-draft qwen2.5-coder-1.5b heldout.json
+    python scripts/replay_planner.py replay heldout.json --bounds --trees 0.1 --model-drafts
+    python scripts/replay_planner.py replay heldout.json --gpu-table --bounds --model-drafts 0.4
 """
 
 from __future__ import annotations
@@ -44,8 +54,11 @@ import itertools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_trees, beside it (also when loaded by path)
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import measure_costs
@@ -54,6 +67,7 @@ from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.speculative import Drafting
+from replay_trees import GPU_SHAPE, bounds, free_positions, grow, hindsight, kept_on, model_drafts
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
@@ -98,6 +112,46 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
         json.dump(data, f)
 
 
+def record_draft(entry: str, recorded: str) -> None:
+    """Add the pair's draft model's guesses to a recording: at each answer position, its two likeliest
+    tokens after the recorded answer so far (what it would draft there whenever the tokens before were
+    kept), and its one-token decode time (replay_trees.model_bound)."""
+    import time
+
+    import numpy as np
+
+    from localspec import load
+
+    with open(recorded, encoding="utf-8") as f:
+        data = json.load(f)
+    engine = load(entry, n_ctx=2048, calibrate=False)
+    draft = engine.draft
+    if draft is None:
+        raise SystemExit(f"{entry} has no draft model")
+    for item in data["answers"]:
+        truth = _truth(data, item)
+        tokens = item["prompt"] + truth
+        first = len(item["prompt"]) - 1  # the row that predicts the answer's first token
+        draft.truncate(0)
+        draft.decode(tokens[:first], 0)
+        guesses = []
+        for start in range(first, first + len(truth), 64):
+            chunk = tokens[start:min(start + 64, first + len(truth))]
+            rows = draft.decode(chunk, start, list(range(len(chunk))))
+            guesses += [[int(t) for t in np.argsort(-r)[:2]] for r in rows]
+        item["draft_guesses"] = guesses
+        print(f"{item['id']}: {sum(g[0] == t for g, t in zip(guesses, truth))} of {len(truth)} guessed",
+              file=sys.stderr)
+    times = []
+    for i in range(12):
+        t0 = time.perf_counter()
+        draft.decode([tokens[-1]], len(tokens) - 1 + i)
+        times.append(time.perf_counter() - t0)
+    data["draft_s"] = statistics.median(times)
+    with open(recorded, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
 def _truth(data: dict, item: dict) -> list[int]:
     """The recorded answer, with its end-of-generation token where it ended by itself."""
     return item["answer"] + ([data["eos"]] if item["ended"] else [])
@@ -111,8 +165,9 @@ def _kept(tokens: list[int], truth: list[int], at: int) -> int:
     return kept
 
 
-def replay(data: dict) -> dict[str, list[float]]:
-    """Predicted speedup per answer, by suite, with the planner as it is in this checkout."""
+def replay(data: dict, trees: float | None = None) -> dict[str, list[float]]:
+    """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
+    round's chain grown into a tree within that much more than the chain's verify cost (replay_trees)."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     control = set(data["control"])
     copies = CopyDrafter(control.__contains__, OpeningDrafter())
@@ -135,14 +190,17 @@ def replay(data: dict) -> dict[str, list[float]]:
             at = len(context) - len(item["prompt"])
             draft = planner.draft(context, 10**6, None)
             kept = _kept(draft.tokens, truth, at)
-            token = truth[at + kept] if at + kept < len(truth) else None
-            cost = price.verify(len(draft.tokens) + 1)
+            nodes, kept_in_all = len(draft.tokens), kept
+            if trees is not None:
+                tree = grow(draft.tokens, context, free_positions(price, len(draft.tokens) + 1, trees) - 1)
+                nodes, kept_in_all = len(tree), kept_on(tree, truth, at)
+            cost = price.verify(nodes + 1)
             seconds += cost
-            planner.observe(draft, kept, cost, len(draft.tokens) + 1, token)
-            context.extend(draft.tokens[:kept])
-            if token is None:
+            # The planner hears how its chain fared (as live: its pricing is of chains).
+            planner.observe(draft, kept, cost, nodes + 1, truth[at + kept] if at + kept < len(truth) else None)
+            context.extend(truth[at:at + kept_in_all + 1])
+            if at + kept_in_all >= len(truth):
                 break
-            context.append(token)
         speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / seconds)
     return speedups
 
@@ -162,12 +220,7 @@ def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
         for at in range(len(truth)):
             keepable.append(_kept(lookup.propose(context, longest).tokens, truth, at))
             context.append(truth[at])
-        n = len(truth)
-        best = [0.0] * (n + 1)  # best[i]: least time to produce the answer from position i on
-        for i in range(n - 1, -1, -1):
-            best[i] = min(price.verify(k + 1) + best[min(n, i + k + 1)] for k in range(keepable[i] + 1)
-                          if k == 0 or k + 1 in price.verify_s)
-        speedups.setdefault(item["suite"], []).append(n * price.verify(1) / best[0])
+        speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / hindsight(keepable, price))
     return speedups
 
 
@@ -238,18 +291,34 @@ def main() -> None:
                      "(follow-up: the answer to a request that asks to change the first answer)")
     rec.add_argument("--sessions-file", default=None, help="with --sessions: a YAML file of sessions instead of "
                      "the bench's (scripts/heldout_followups.yaml: follow-ups the planner was not tuned on)")
+    rec_draft = sub.add_parser("record-draft", help="add the pair's draft model's guesses to a recording")
+    rec_draft.add_argument("entry")
+    rec_draft.add_argument("recorded")
     rep = sub.add_parser("replay", help="replay the planner on recorded answers")
     rep.add_argument("recorded")
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
     rep.add_argument("--age-bound", action="store_true", help="also print the best fixed draft length per copy "
                      "age class, chosen with hindsight: a yardstick for pricing copies by age")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
+    rep.add_argument("--gpu-table", action="store_true", help="price the bounds and the model drafts at a "
+                     "GPU's shape of costs (replay_trees.GPU_SHAPE) instead of the recorded one")
+    rep.add_argument("--model-drafts", type=float, nargs="?", const=0.0, default=None, metavar="RATIO",
+                     help="also replay the draft model's chains and two-wide trees (after record-draft), its "
+                     "token at RATIO of the target's (default: as recorded)")
+    rep.add_argument("--bounds", action="store_true", help="also print the hindsight bound of each kind of "
+                     "draft: copies, trees of lookups, and (after record-draft) the draft model's guesses")
+    rep.add_argument("--trees", type=float, nargs="*", default=[], metavar="SLACK",
+                     help="also replay candidate trees grown to the positions costing at most SLACK more "
+                     "than each chain's (0.1: 10%%; scripts/replay_trees.py)")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")
     args = parser.parse_args()
     if args.command == "record":
         record(args.entry, args.out, args.suite.split(","), args.max_tokens, args.prompts,
                [k for k in args.sessions.split(",") if k], args.sessions_file)
+        return
+    if args.command == "record-draft":
+        record_draft(args.entry, args.recorded)
         return
     with open(args.recorded, encoding="utf-8") as f:
         data = json.load(f)
@@ -259,11 +328,26 @@ def main() -> None:
     one = float(data["verify_s"]["1"])
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
     for label, speedups in runs:
         for suite, values in speedups.items():
             print(f"{label:8} {suite:10} median {statistics.median(values):.2f}x  "
                   f"(min {min(values):.2f}, max {max(values):.2f}, mean {statistics.mean(values):.2f}, "
                   f"{len(values)} answers)" + (": " + " ".join(f"{v:.2f}" for v in values) if args.each else ""))
+    if args.gpu_table:
+        data["verify_s"] = {str(n): one * f for n, f in GPU_SHAPE.items()}
+        print("GPU-shaped: " + "  ".join(f"{n}:{f:.2f}x" for n, f in GPU_SHAPE.items()))
+    if args.bounds:
+        for source, by_suite in bounds(data).items():
+            for suite, values in by_suite.items():
+                print(f"{'bound':8} {suite:10} median {statistics.median(values):.2f}x  (min {min(values):.2f}, "
+                      f"max {max(values):.2f}; {source})" + (": " + " ".join(f"{v:.2f}" for v in values)
+                                                            if args.each else ""))
+    if args.model_drafts is not None and all("draft_guesses" in item for item in data["answers"]):
+        for kind, by_suite in model_drafts(data, args.model_drafts or None).items():
+            for suite, values in by_suite.items():
+                print(f"{kind:11} {suite:10} median {statistics.median(values):.2f}x  (min {min(values):.2f}, "
+                      f"max {max(values):.2f}; best length per answer)")
     if args.age_bound:
         for suite, (lengths, values) in age_bound(data).items():
             named = ", ".join(f"{AGE_CLASS_NAMES[key]} {k}" for key, k in lengths.items())

@@ -61,3 +61,37 @@ def test_a_session_recording_replays_drafts_from_its_earlier_request(replay_plan
     assert replay_planner.replay(data)["quote"] == [pytest.approx(1.0)]  # nothing in the request to copy
     data["answers"][0]["earlier"] = [earlier]
     assert replay_planner.replay(data)["quote"][0] > 1.5
+
+
+def test_a_tree_of_lookups_keeps_another_matchs_continuation_where_the_copy_breaks(replay_planner):
+    """The prompt holds two texts that open alike (20 21 22 then 30 31 32 ..., or 40 41 42 ...); the answer
+    goes the way of the earlier one, after the lookup proposed the later: only the tree holds it."""
+    import replay_trees
+
+    prompt = [5, 20, 21, 22, *range(30, 40), 6, 20, 21, 22, *range(40, 50), CONTROL, HEADER]
+    context = [*prompt, 20, 21, 22]
+    assert replay_trees.other_matches(context, exclude=40) == [[30, 31, 32, 33, 34, 35]]
+    tree = replay_trees.grow([40, 41, 42], context, nodes=8)
+    assert tree.branches() == [[40, 41, 42], [30, 31, 32, 33, 34]]
+    truth = [20, 21, 22, *range(30, 40)]
+    assert replay_trees.kept_on(tree, truth, 3) == 5
+    data = recording(truth)
+    data["answers"][0]["prompt"] = prompt
+    bounds = replay_trees.bounds(data)
+    assert bounds["lookup tree"]["edit"][0] > bounds["copy"]["edit"][0]
+
+
+def test_a_two_wide_model_tree_keeps_the_runner_up_where_its_chain_breaks(replay_planner):
+    """The draft model's guesses: its first choice right but at irregular places, where its runner-up is:
+    free verify positions (a GPU's shape) make the tree's extra leaf pay, dear ones (COSTS) do not."""
+    import replay_trees
+
+    truth = list(range(100, 160))
+    breaks = {3, 9, 12, 20, 23, 31, 34, 41, 47, 50, 56}
+    data = recording(truth)
+    data["answers"][0]["draft_guesses"] = [[7, t] if i in breaks else [t, 7] for i, t in enumerate(truth)]
+    priced = replay_trees.model_drafts(data, draft_ratio=0.1)
+    data["verify_s"] = {str(n): f for n, f in replay_trees.GPU_SHAPE.items()}
+    gpu = replay_trees.model_drafts(data, draft_ratio=0.1)
+    assert gpu["model tree"]["edit"][0] > gpu["model chain"]["edit"][0]
+    assert priced["model tree"]["edit"][0] < priced["model chain"]["edit"][0]
