@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Generator, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
@@ -24,12 +25,13 @@ from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
-from localspec.engine.parallel import Guests, Lane, OwnFailure, decode_together, prompt_chunk
+from localspec.engine.core import Core
+from localspec.engine.parallel import Lane, prompt_chunk
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Drafting, Planner, Step, speculate, speculative_round
+from localspec.engine.speculative import Drafting, Planner, Step, speculative_round
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import ContextOverflowError, LocalspecError
 
@@ -90,8 +92,9 @@ class Engine:
                               queued=lambda: self.queued())
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
-        self._guests = Guests(lambda: self.cost.plain_tokens_per_s,  # requests that joined the generation
-                              chunk=lambda rows: prompt_chunk(rows, self.cost.verify, target.n_batch))
+        # Every request being generated is a lane of the core's one step loop (engine/core.py).
+        self.core = Core(self._solo_round, chunk=lambda rows: prompt_chunk(rows, self.cost.verify, target.n_batch),
+                         estimate_tokens_per_s=lambda: self.cost.plain_tokens_per_s)
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -257,36 +260,68 @@ class Engine:
     def _generate(self, request: Request) -> Iterator[Event]:
         self._acquire()
         self._current = request
+        inbox = _Inbox()
+        lane = None
         try:
-            for event in self._run(request, self._planner(request)):
+            lane = self._open(request, self._planner(request), inbox)
+            for event in self._drive([lane], inbox):
                 self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
                 yield event
                 self._paused_on = None
-        except OwnFailure as failed:  # its own tokens' evaluation failed: those that joined it go on (step_guests)
-            raise failed.error from None
         except BaseException:
-            self._guests.drop()  # they cannot go on without it
+            if inbox.failure is None:  # (its own evaluation failed: the lanes that joined it go on)
+                self.core.drop()  # they cannot go on without it
             raise
         finally:
             self._paused_on = None
             self._current = None
             request.close()
-            if not self._guests:  # (guests left: the engine is theirs until step_guests says it is free)
+            if lane is not None:
+                self.core.remove(lane)
+            if not self.core:  # (lanes left: the engine is theirs until step_guests says it is free)
                 self._lock.release()
 
     def _interjection(self, request: Request) -> Iterator[Event]:
         """A short request run to its end while the current generation waits between two rounds (its
-        consumer, on the same thread, is not asking for the next one): on another KV slot, drafting
-        copies and the history with a planner of its own (the waiting generation's turns and the draft
-        model's cache stay as they were); costs and measured plain rounds are shared."""
-        current = self._waiting_generation()
-        t0 = time.perf_counter()
+        consumer, on the same thread, is not asking for the next one): a lane the core steps alone, on
+        another KV slot, drafting copies and the history with a planner of its own (the waiting
+        generation's turns and the draft model's cache stay as they were); costs and measured plain
+        rounds are shared."""
+        self._waiting_generation()
+        inbox = _Inbox()
+        lane = None
         try:
-            yield from self._run(request, self._planner(request, self._side))
+            lane = self._open(request, self._planner(request, self._side), inbox)
+            yield from self._drive([lane], inbox, only=[lane])
         finally:
+            if lane is not None:
+                self.core.remove(lane)
             self._paused_on = threading.get_ident()
-            current.waited_s += time.perf_counter() - t0
             request.close()
+
+    def _drive(self, lanes: list[Lane], inbox: "_Inbox", only: list[Lane] | None = None) -> Iterator:
+        """Step the core (`only` those lanes, else all) until `lanes` are retired, yielding what they get."""
+        while True:
+            while inbox.items:
+                yield inbox.items.popleft()
+            if inbox.failure is not None:
+                raise inbox.failure
+            if not any(lane is held for lane in lanes for held in self.core.lanes):
+                return
+            self.core.step(only)
+
+    def _open(self, request: Request, planner: Planner | None, deliver: Callable[[Event | Exception], None],
+              everyone: threading.Event | None = None) -> Lane:
+        """The request's prompt into a free slot at once, then its lane in the core (its Prefill delivered).
+        The lanes already there wait meanwhile."""
+        t0 = time.perf_counter()
+        prefill = self._prefill(request, planner, t0)
+        for other in self.core.lanes:
+            other.request.waited_s += prefill.seconds
+        lane = self._lane(request, prefill, t0, deliver=deliver, everyone=everyone)
+        lane.planner, lane.iterated = planner, True
+        self.core.add(lane)
+        return lane
 
     def _waiting_generation(self) -> Request:
         """The generation an interjection runs beside (it waits between two rounds, on this thread)."""
@@ -301,26 +336,22 @@ class Engine:
         current = self._waiting_generation() if interject else None
         if current is None:
             self._acquire()
-        t0 = time.perf_counter()
         try:
             width = self.free_slots()  # (not the waiting generation's, nor those of requests that joined it)
             if width == 0:
                 raise LocalspecError("No KV slot is free for another request.")
             for first in range(0, len(requests), width):
                 group = requests[first:first + width]
-                if len(group) == 1:  # nothing to decode it with: alone, as `generate` would
-                    request = group[0]
-                    if everyone.is_set():
-                        request.cancel.set()
-                    planner = self._planner(request, self._side if current is not None else self.drafting)
-                    for event in self._run(request, planner):
-                        yield first, event
-                        if everyone.is_set():
-                            request.cancel.set()
-                else:
-                    yield from self._together(group, first, everyone)
-                for request in group:
-                    request.close()  # its slot is free for the next group
+                inbox = _Inbox()
+                lanes: list[Lane] = []
+                try:
+                    lanes = self._open_group(group, first, everyone, inbox, self._side if current else self.drafting)
+                    yield from self._drive(lanes, inbox, only=lanes)
+                finally:
+                    for lane in lanes:
+                        self.core.remove(lane)
+                    for request in group:
+                        request.close()  # its slot is free for the next group
         finally:
             for request in requests:
                 request.close()
@@ -328,11 +359,17 @@ class Engine:
                 self._lock.release()
             else:
                 self._paused_on = threading.get_ident()
-                current.waited_s += time.perf_counter() - t0
 
-    def _together(self, group: list[Request], first: int, everyone: threading.Event) -> Iterator[tuple[int, Event]]:
-        """A group of completions of one prompt, one free slot each: the prompt evaluated into
-        the slot holding most of it and copied to the others, then decoded together."""
+    def _open_group(self, group: list[Request], first: int, everyone: threading.Event, inbox: "_Inbox",
+                    drafting: Drafting) -> list[Lane]:
+        """The lanes of a group of completions of one prompt, one free slot each. One alone drafts with its
+        own planner, as `generate` would; several share the prompt, evaluated into the slot holding most
+        of it and copied to the others, and decode together without drafts (each draws as alone)."""
+        def deliver(i: int) -> Callable[[Event | Exception], None]:
+            return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
+
+        if len(group) == 1:
+            return [self._open(group[0], self._planner(group[0], drafting), deliver(0), everyone)]
         t0 = time.perf_counter()
         lead = group[0]
         prefill = self._prefill(lead, None, t0)
@@ -345,10 +382,10 @@ class Engine:
                          seconds=prefill.seconds)
         lanes = []
         for i, request in enumerate(group):
-            own = prefill if i == 0 else shared
-            lanes.append(self._lane(request, own, t0, index=first + i, everyone=everyone))
-            yield first + i, own
-        yield from decode_together(lanes, self.cost.plain_tokens_per_s)
+            lanes.append(self._lane(request, prefill if i == 0 else shared, t0, deliver=deliver(i), everyone=everyone))
+            lanes[-1].iterated = True
+            self.core.add(lanes[-1])
+        return lanes
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
@@ -360,13 +397,13 @@ class Engine:
         in), its rounds from inside the running generation's steps. It drafts with `drafter` and a
         planner of its own: lookups priced for the shared step while several share it
         (engine/parallel.py), the draft model too once it is the last one left after the generation
-        ended (`_lone_round`). Raises LocalspecError for a request the engine refuses, or when no
+        ended (the core's one-lane step). Raises LocalspecError for a request the engine refuses, or when no
         slot is free."""
         request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
                                 "default", stop, cancel or threading.Event(), False)
         current = self._current
         paused = current is not None and self._paused_on == threading.get_ident()
-        if not (paused or (current is None and self._guests)):
+        if not (paused or (current is None and self.core)):
             request.close()
             raise LocalspecError("A request joins only between two rounds of a generation, on its thread.")
         if not self.free_slots():
@@ -380,29 +417,29 @@ class Engine:
             raise
         lane = self._lane(request, None, t0, deliver=deliver, cached=cached)
         lane.planner = self._planner(request)
-        self._guests.join(lane)
+        self.core.add(lane)
         if paused and current is not None:
             current.waited_s += time.perf_counter() - t0
 
     def step_guests(self) -> bool:
         """One step of the requests that joined a generation that has ended (each `join` may add one
         between two steps). False once none is left: the engine is free again."""
-        if self._current is not None or not self._guests:
+        if self._current is not None or not self.core:
             return False
         try:
-            self._guests.step(alone=self._lone_round)
+            self.core.step()
         except BaseException:
-            self._guests.drop()
+            self.core.drop()
             raise
         finally:
-            if not self._guests:
+            if not self.core:
                 self._lock.release()
-        return bool(self._guests)
+        return bool(self.core)
 
-    def _lone_round(self, lane: Lane) -> Step | None:
-        """A speculative round of the last guest left after the generation it joined ended, with its own
-        planner, the draft model included (its cache is free now: nothing else holds the engine while
-        guests remain)."""
+    def _solo_round(self, lane: Lane) -> Step | None:
+        """A lane's speculative round on its own sequence (the core's one-lane step), with its own planner,
+        the draft model included (when it is the only lane stepped, nothing else uses the draft model's
+        cache meanwhile). None when its context is full."""
         assert lane.planner is not None
         step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, lane.request.constraint)
         if step is not None:
@@ -428,67 +465,15 @@ class Engine:
         """A planner for a request with these settings (what `generate` makes for each request)."""
         return self.drafting.planner(prompt, mode, fixed, budget, replayable)
 
-    def _run(self, request: Request, planner: Planner) -> Iterator[Event]:
-        context = list(request.prompt)
-        try:
-            yield from self._rounds(request, context, planner)
-        finally:
-            planner.finish(context[len(request.prompt):])  # also when cancelled: evidence
-
-    def _rounds(self, request: Request, context: list[int], planner: Planner) -> Iterator[Event]:
-        t0 = time.perf_counter()
-        prefill = self._prefill(request, planner, t0)
-        yield prefill
-        host = self._lane(request, prefill, t0, context=context)
-        host.planner = planner  # it drafts in steps shared with requests that join it, too
-        kv, sampler, answer = host.kv, host.sampler, host.answer
-        stop_reason: str | None = None
-        solo: Generator[Step, None, None] | None = None  # the speculative loop, while this answer decodes alone
-        t_start = t_round = time.perf_counter()
-        waited = 0.0
-        try:
-            while stop_reason is None:
-                if self._guests and request is self._current:  # requests joined it: one decode for all
-                    if solo is not None:
-                        solo.close()
-                        solo = None
-                    stop_reason = host.stops_before_step()
-                    if stop_reason is not None:
-                        break
-                    step, seconds = self._guests.step(host)
-                    assert step is not None
-                    t_round, waited = time.perf_counter(), request.waited_s
-                    event, stop_reason = answer.add(step, len(context) - step.accepted - 1, seconds, priced=True)
-                else:
-                    if solo is None:
-                        solo = speculate(kv, context, planner, sampler, request.cancel, request.constraint)
-                    step = next(solo, None)
-                    if step is None:
-                        stop_reason = "cancelled" if request.cancel.is_set() else "context"
-                        break
-                    # Time this generation waited for an interjection is not its rounds' (nor its plain baseline's).
-                    now = time.perf_counter()
-                    seconds, t_round, waited = now - t_round - (request.waited_s - waited), now, request.waited_s
-                    context_len = len(context) - step.accepted - 1
-                    self._learn(step, context_len)
-                    event, stop_reason = answer.add(step, context_len, seconds, priced=bool(step.draft.tokens))
-                yield event
-        finally:
-            if solo is not None:
-                solo.close()
-        wall = time.perf_counter() - t_start - request.waited_s
-        yield from answer.finish(stop_reason, prefill, wall, self.cost.plain_tokens_per_s, request.label,
-                                 len(kv.tokens))
-
-    def _lane(self, request: Request, prefill: Prefill | None, t0: float, *, index: int = -1,
-              context: list[int] | None = None, everyone: threading.Event | None = None,
+    def _lane(self, request: Request, prefill: Prefill | None, t0: float, *,
+              everyone: threading.Event | None = None,
               deliver: Callable[[Event | Exception], None] | None = None, cached: int = 0) -> Lane:
-        """A request's sequence: its slot, context (the prompt's, unless given), sampler and answer (time
-        to its first token counted from `t0`); `everyone` cancels its group. Without `prefill`, its prompt
-        is evaluated within shared steps (its slot held `cached` of it)."""
+        """A request's sequence: its slot, context, sampler and answer (time to its first token counted
+        from `t0`); `everyone` cancels its group. Without `prefill`, its prompt is evaluated within shared
+        steps (its slot held `cached` of it)."""
         assert request.kv is not None  # (set by _prefill)
         meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
-        return Lane(index, request, request.kv, list(request.prompt) if context is None else context,
+        return Lane(request, request.kv, list(request.prompt),
                     Sampler(request.sampling, self._infill_vocab()),
                     Answer(self.target.vocab, request.max_tokens, request.stop, meter, t0),
                     everyone or request.cancel, prefill, cached, deliver=deliver)
@@ -566,6 +551,21 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Inbox:
+    """What the core delivers to the lanes an iterator yields for: their events, or the failure of their
+    own evaluation (which ends them and no one else)."""
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.failure: Exception | None = None
+
+    def __call__(self, item) -> None:
+        if isinstance(item, Exception):
+            self.failure = item
+        else:
+            self.items.append(item)
 
 
 _served: type[ServedEngine] = Engine  # the contract every front door relies on, checked by mypy

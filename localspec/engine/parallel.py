@@ -1,32 +1,29 @@
-"""Several sequences in one evaluation per step: the completions of one prompt (llama.cpp's `n_cmpl`,
-OpenAI's `n`), and requests that join a running generation (`Guests`).
+"""Several sequences in one evaluation per step: the shared step of the engine core (engine/core.py).
 
-Every step is one evaluation holding each unfinished sequence's pending token, on its own KV
-sequence, and each takes its next token from its own row exactly as a plain round alone would
-(`speculative.decide`: the same sampler, seed and grammar), so each answer is the one it would be
-alone (greedy: token for token; sampled: the same draws), and one that ends (or is cancelled) leaves
-the next step. The completions of one prompt share its evaluation: it is evaluated once into one
+A shared step is one evaluation holding each lane's pending token, on its own KV sequence, and each
+takes its next token from its own row exactly as a plain round alone would (`speculative.decide`: the
+same sampler, seed and grammar), so each answer is the one it would be alone (greedy: token for token;
+sampled: the same draws), and one that ends (or is cancelled) leaves the next step. The completions of
+one prompt (llama.cpp's `n_cmpl`, OpenAI's `n`) share its evaluation: it is evaluated once into one
 slot and copied to the others.
 
-A joining request's prompt is evaluated in chunks within the shared steps (`Guests`): each step
-holds the others' pending tokens and at most `chunk(rows)` of the oldest unfinished prompt (the
-engine sizes it by the calibrated costs), so a long prompt slows the running streams instead of
-freezing them for all its evaluation. A prompt's last token is evaluated as its first step's pending
-token, as alone (the first round evaluates it).
+A prompt still to be evaluated (a request that joined while others decode) is evaluated in chunks
+within the shared steps: each step holds the others' pending tokens and at most `chunk(rows)` of the
+oldest unfinished prompt (the engine sizes it by the calibrated costs), so a long prompt slows the
+running streams instead of freezing them for all its evaluation. A prompt's last token is evaluated as
+its first step's pending token, as alone (the first round evaluates it).
 
-A request with a planner (a generation and the requests that joined it, not the completions of one
-prompt, which draw as single requests with their seeds would) drafts in the shared steps too: each
-offers its lookups' best proposal (a copy, the history, what its grammar forces; the draft model has
-a sequence per request but drafts only when its request decodes alone), and the step verifies one
-length of all of them (`adaptive.shared_lengths`): with a KV cache per sequence llama.cpp takes as
-many tokens from every sequence in a micro-batch, so drafts of one length share a pass and a longer
-one adds its own (`adaptive.step_cost`, scripts/batch_shape_costs.py). A draft is worth the later
-steps it saves (`adaptive.steps_saved_s`): the others decode as many steps whatever one sequence
-drafts, so one sequence's draft pays only for what its pending token adds to a step, while drafts in
-every sequence save whole steps; the chances promised count for what shared drafts kept
-(`Promises.trust`). A generation that others joined drafts as
-alone again once it is, and so does the last guest left after it ended (`Guests.step`'s `alone`:
-speculative rounds on its own sequence, the draft model included).
+A lane with a planner (not the completions of one prompt, which draw as single requests with their
+seeds would) drafts in the shared steps too: each offers its lookups' best proposal (a copy, the
+history, what its grammar forces; the draft model has a sequence per request but drafts only when its
+request decodes alone), and the step verifies one length of all of them (`adaptive.shared_lengths`):
+with a KV cache per sequence llama.cpp takes as many tokens from every sequence in a micro-batch, so
+drafts of one length share a pass and a longer one adds its own (`adaptive.step_cost`,
+scripts/batch_shape_costs.py). A draft is worth the later steps it saves (`adaptive.steps_saved_s`):
+the others decode as many steps whatever one sequence drafts, so one sequence's draft pays only for
+what its pending token adds to a step, while drafts in every sequence save whole steps; the chances
+promised count for what shared drafts kept (`Promises.trust`). A lane left alone drafts as alone again
+(the core's one-lane step: speculative rounds on its own sequence, the draft model included).
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -47,15 +44,6 @@ from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
 from localspec.engine.speculative import EXACT_VERIFY_POSITIONS, Planner, Proposal, Step, proposal_of, settle
 from localspec.errors import LocalspecError
-
-
-class OwnFailure(LocalspecError):
-    """The evaluation of a generation's own tokens failed in a step shared with requests that joined it:
-    it ends with this error, they go on (`Engine.step_guests`)."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
@@ -88,9 +76,9 @@ def prompt_chunk(rows: int, verify: Callable[[int], float], room: int, step_s: f
 
 @dataclass
 class Lane:
-    """One sequence of a shared step: its request, slot, context (the last token pending) and answer."""
+    """One request's sequence in the engine core: its request, slot, context (the last token pending)
+    and answer."""
 
-    index: int
     request: Request
     kv: KvSequence
     context: list[int]
@@ -101,8 +89,12 @@ class Lane:
                                    # prompt is still evaluated in chunks
     cached: int = 0                # prompt tokens its slot held already (a joining request's)
     chunks: int = 0                # steps that evaluated a chunk of its prompt
-    deliver: Callable[[Event | Exception], None] | None = None  # where a guest's events go (a group's are yielded)
-    planner: Planner | None = None  # its own, if it drafts (a generation and the requests that joined it)
+    deliver: Callable[[Event | Exception], None] | None = None  # where its events go (the core hands them over)
+    planner: Planner | None = None  # its own, if it drafts (not the completions of one prompt)
+    # Its events are yielded by an iterator (Engine.generate) that frees its slot once they are all
+    # consumed, not when the core retires it: its consumer still sees its slot held while it reads
+    # the last round (the server's scheduler admits waiting requests by the slots free then).
+    iterated: bool = False
     started: float = field(default_factory=time.perf_counter)  # its wall time counts from here
     ended: str | None = None
     failure: Exception | None = None  # its own evaluation failed (`step_together`): it ends with this error
@@ -121,7 +113,8 @@ class Lane:
         opening: list[Event] = [] if self.prefill is not None else [self.prefilled()]
         prefill = self.prefill
         assert prefill is not None
-        return opening + list(self.answer.finish(self.ended or "cancelled", prefill, time.perf_counter() - self.started,
+        wall = time.perf_counter() - self.started - self.request.waited_s
+        return opening + list(self.answer.finish(self.ended or "cancelled", prefill, wall,
                                                  estimate_tokens_per_s, self.request.label, len(self.kv.tokens)))
 
     def unevaluated(self) -> list[int]:
@@ -242,18 +235,16 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     return proposals, promised
 
 
-def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int], int] = lambda rows: 1 << 30,
-             ) -> tuple[list[tuple[Lane, Event]], Step | None, float]:
-    """One shared step of `host` (if any) and every lane that can go on: the lanes' events (each round's
-    time is its share of the step, by the positions it had in it; a prompt's Prefill when its last chunk
-    is in), the host's step, and its share. Prompts still being evaluated get `chunk(rows)` tokens in
-    all (rows: the pending tokens of the step), the oldest first; at least one token when nothing else
-    is in the step. Lanes with a planner draft lookups priced for the step (`_drafts`)."""
+def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 30) -> list[tuple[Lane, Event]]:
+    """One shared step of every lane that can go on: the lanes' events (each round's time is its share of
+    the step, by the positions it had in it; a prompt's Prefill when its last chunk is in). Prompts still
+    being evaluated get `chunk(rows)` tokens in all (rows: the pending tokens of the step), the oldest
+    first; at least one token when nothing else is in the step. Lanes with a planner draft lookups
+    priced for the step (`_drafts`). A lane whose own evaluation failed ends with `failure` set."""
     for lane in lanes:
         lane.ended = lane.stops_before_step()
     going = [lane for lane in lanes if lane.ended is None]
-    decoding = [lane for lane in going if lane.prompt_in]
-    together = ([host] if host is not None else []) + decoding
+    together = [lane for lane in going if lane.prompt_in]
     budget = max(chunk(len(together)), 0 if together else 1)
     pending = len(together)
     chunks: dict[int, int] = {}
@@ -265,117 +256,21 @@ def _advance(lanes: list[Lane], host: Lane | None = None, chunk: Callable[[int],
             together.append(lane)
             budget -= n
     if not together:
-        return [], None, 0.0
+        return []
     proposals, promised = _drafts(together[:pending], list(chunks.values()))
     steps, seconds, tokens = step_together(together, chunks, proposals)
     for i, promise in promised.items():  # every lane that offered has a planner, all of one engine's
         planner, step = together[i].planner, steps[i]
         if planner is not None and step is not None:
             planner.drafting.promises.observe(promise, step.accepted)
-    shares = [seconds * n / sum(tokens) for n in tokens]
-    host_step = steps.pop(0) if host is not None else None
-    host_share = shares.pop(0) if host is not None else 0.0
     events: list[tuple[Lane, Event]] = []
-    for lane in together:
+    for lane, step, n in zip(together, steps, tokens):
         if lane.failure is not None:
             lane.ended = "error"
-    for lane, step, share in zip(together[1:] if host is not None else together, steps, shares):
-        if lane.failure is not None:
-            continue
-        if step is not None:
-            event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, share, priced=True)
+        elif step is not None:
+            event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, seconds * n / sum(tokens),
+                                                priced=True)
             events.append((lane, event))
         elif lane.prompt_in:  # its first token is decoded in the next step
             events.append((lane, lane.prefilled()))
-    return events, host_step, host_share
-
-
-def decode_together(lanes: list[Lane], estimate_tokens_per_s: float) -> Iterator[tuple[int, Event]]:
-    """Step every unfinished lane together until all have ended: (lane index, event), each lane's
-    rounds and then its summary as soon as it ends."""
-    live = lanes
-    while live:
-        rounds, _host, _share = _advance(live)
-        for lane, event in rounds:
-            yield lane.index, event
-        for lane in live:
-            if lane.failure is not None:  # (the completions of one request: its failure)
-                raise lane.failure
-        for lane in live:
-            if lane.ended is not None:
-                for last in lane.finish(estimate_tokens_per_s):
-                    yield lane.index, last
-        live = [lane for lane in live if lane.ended is None]
-
-
-class Guests:
-    """Requests that joined the running generation: each step of that generation (then on alone, the
-    guests' own steps) holds their pending tokens too. Their events go to each one's `deliver`."""
-
-    def __init__(self, estimate_tokens_per_s: Callable[[], float], chunk: Callable[[int], int]):
-        self.lanes: list[Lane] = []
-        self._estimate = estimate_tokens_per_s
-        self._chunk = chunk  # prompt tokens a step may evaluate beside `rows` pending tokens
-
-    def __bool__(self) -> bool:
-        return bool(self.lanes)
-
-    def join(self, lane: Lane) -> None:
-        """A request from the next step on: its prompt (what its slot does not hold) is evaluated in
-        chunks within the steps, then it decodes with the others."""
-        assert lane.deliver is not None
-        if lane.prefill is None and lane.prompt_in:  # its slot held all of it but the last
-            lane.prefilled()
-        if lane.prefill is not None:
-            lane.deliver(lane.prefill)
-        self.lanes.append(lane)
-
-    def step(self, host: Lane | None = None,
-             alone: Callable[[Lane], Step | None] | None = None) -> tuple[Step | None, float]:
-        """One step: the host's (if any) with every guest's (or a chunk of a guest's prompt); the guests'
-        events delivered, those that ended retired (their slots free). Returns the host's step and its
-        share of the step's time. With no host and one guest left, `alone` (if given) makes that guest's round instead: a
-        speculative one, None when its context is full."""
-        if host is None and alone is not None and len(self.lanes) == 1 and self.lanes[0].prefill is not None:
-            rounds, host_step, share = self._alone(self.lanes[0], alone), None, 0.0
-        else:
-            rounds, host_step, share = _advance(self.lanes, host, self._chunk)
-        for lane, event in rounds:
-            assert lane.deliver is not None
-            lane.deliver(event)
-        for lane in [lane for lane in self.lanes if lane.ended is not None]:
-            assert lane.deliver is not None
-            if lane.failure is not None:
-                lane.deliver(lane.failure)  # its client gets the error; the others go on
-            else:
-                for last in lane.finish(self._estimate()):
-                    lane.deliver(last)
-            lane.request.close()
-            if lane.planner is not None:  # its answer is evidence, as any request's
-                lane.planner.finish(lane.context[len(lane.request.prompt):])
-            self.lanes.remove(lane)
-        if host is not None and host.failure is not None:
-            raise OwnFailure(host.failure)
-        return host_step, share
-
-    @staticmethod
-    def _alone(lane: Lane, round_of: Callable[[Lane], Step | None]) -> list[tuple[Lane, Event]]:
-        lane.ended = lane.stops_before_step()
-        if lane.ended is not None:
-            return []
-        t0 = time.perf_counter()
-        step = round_of(lane)
-        if step is None:
-            lane.ended = "context"
-            return []
-        event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, time.perf_counter() - t0,
-                                            priced=bool(step.draft.tokens))
-        return [(lane, event)]
-
-    def drop(self) -> None:
-        """The generation they joined failed: let go of their slots (the caller tells their clients)."""
-        for lane in self.lanes:
-            lane.request.close()
-            if lane.planner is not None:
-                lane.planner.finish(lane.context[len(lane.request.prompt):])
-        self.lanes.clear()
+    return events
