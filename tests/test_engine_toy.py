@@ -853,7 +853,7 @@ def test_requests_planning_side_by_side_draft_as_each_would_alone():
         for prompt in prompts:
             kv, _kept = engine.slots.prefill(prompt)
             lanes.append((kv, list(prompt), engine.planner_for("ngram", None, 40, prompt=prompt),
-                          Sampler(SamplingSettings(), engine._infill_vocab()), []))
+                          Sampler(SamplingSettings()), []))
         for i in order:
             kv, context, planner, sampler, drafts = lanes[i]
             step = speculative_round(kv, context, planner, sampler)

@@ -11,29 +11,26 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
-from localspec.engine.constraint import Constraint, check_size, trigger_token
-from localspec.engine.contract import ServedEngine, available_drafters, unavailable_drafter
+from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
-from localspec.engine.answer import Answer
-from localspec.engine.events import Event, Prefill
+from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
-from localspec.engine.core import Core
-from localspec.engine.parallel import Lane, prompt_chunk
-from localspec.engine.request import Request
-from localspec.engine.sampling import InfillVocab, Sampler, SamplingSettings
+from localspec.engine.core import Core, Deliver, Inbox
+from localspec.engine.parallel import Lane
+from localspec.engine.request import Request, check
+from localspec.engine.sampling import SamplingSettings
 from localspec.engine.session import ChatTemplate, Message
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Drafting, Planner, Step, speculative_round
-from localspec.engine.speedup import PlainRounds, SpeedupMeter
-from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.engine.speculative import Drafting, Planner, Step
+from localspec.engine.speedup import PlainRounds
+from localspec.errors import LocalspecError
 
 
 @dataclass(frozen=True)
@@ -93,8 +90,7 @@ class Engine:
         self._current: Request | None = None  # the generation holding the engine
         self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
         # Every request being generated is a lane of the core's one step loop (engine/core.py).
-        self.core = Core(self._solo_round, chunk=lambda rows: prompt_chunk(rows, self.cost.verify, target.n_batch),
-                         estimate_tokens_per_s=lambda: self.cost.plain_tokens_per_s)
+        self.core = Core(target, self.slots, self.cost, self.plain_rounds, learn=self._learn)
         self._lock = threading.Lock()
         self._maintaining = False
         self._make_way = threading.Event()  # a request asks maintenance to stop
@@ -202,43 +198,11 @@ class Engine:
     def _request(self, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingSettings, mode: str,
                  draft_len: int | None | str, stop: Sequence[str], cancel: threading.Event,
                  interject: bool) -> Request:
-        """A request checked before it takes the engine (a bad one is refused with a clear message)."""
-        problem = unavailable_drafter(mode, self.drafters)
-        if problem:
-            raise LocalspecError(problem)
-        if isinstance(draft_len, str) and draft_len != "default":
-            raise LocalspecError(f"draft_len must be a number of tokens, none, or 'default' (got '{draft_len}').")
-        fixed = self.options.draft_len if isinstance(draft_len, str) else draft_len
-        tokens = list(prompt) if not isinstance(prompt, str) else self.target.vocab.tokenize(prompt, add_special=True)
-        if not tokens:
-            raise LocalspecError("The prompt is empty.")
-        outside = [t for t in tokens if not 0 <= t < self.target.n_vocab]
-        if outside:  # llama.cpp would fail the decode (or read out of bounds) on it
-            raise LocalspecError(f"Token id {outside[0]} is outside this model's vocabulary (0 to "
-                                 f"{self.target.n_vocab - 1}).")
-        if max_tokens < 1:
-            raise LocalspecError("max_tokens must be at least 1.")
-        if len(tokens) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"The prompt is {len(tokens)} tokens but the context window holds {self.n_ctx}. "
-                "Shorten the prompt or the conversation, or load the model with a larger context (--ctx)."
-            )
+        """A request checked before it takes the engine (request.check)."""
         if interject and not self.interjects:
             raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
-        # A grammar that does not parse is refused here, before the request takes the engine.
-        constraint = self._constraint(sampling)
-        return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, constraint)
-
-    def _constraint(self, sampling: SamplingSettings) -> Constraint | None:
-        """The request's grammar state. A lazy grammar (tool_choice auto) needs its trigger to be one
-        token (Vocabulary.grammar); where it is several, the answer stays free text (as without it)."""
-        if sampling.grammar is None:
-            return None
-        check_size(sampling.grammar)
-        trigger, vocab = sampling.grammar_trigger, self.target.vocab
-        if trigger is not None and trigger_token(vocab, trigger) is None:
-            return None
-        return vocab.grammar(sampling.grammar, trigger)
+        return check(self.target, self.drafters, prompt, max_tokens=max_tokens, sampling=sampling, mode=mode,
+                     draft_len=draft_len, default_len=self.options.draft_len, stop=stop, cancel=cancel)
 
     @property
     def interjects(self) -> bool:
@@ -260,11 +224,11 @@ class Engine:
     def _generate(self, request: Request) -> Iterator[Event]:
         self._acquire()
         self._current = request
-        inbox = _Inbox()
+        inbox = Inbox()
         lane = None
         try:
-            lane = self._open(request, self._planner(request), inbox)
-            for event in self._drive([lane], inbox):
+            lane = self.core.open(request, self._planner(request), inbox)
+            for event in self.core.events([lane], inbox):
                 self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
                 yield event
                 self._paused_on = None
@@ -288,40 +252,16 @@ class Engine:
         generation's turns and the draft model's cache stay as they were); costs and measured plain
         rounds are shared."""
         self._waiting_generation()
-        inbox = _Inbox()
+        inbox = Inbox()
         lane = None
         try:
-            lane = self._open(request, self._planner(request, self._side), inbox)
-            yield from self._drive([lane], inbox, only=[lane])
+            lane = self.core.open(request, self._planner(request, self._side), inbox)
+            yield from self.core.events([lane], inbox, only=[lane])
         finally:
             if lane is not None:
                 self.core.remove(lane)
             self._paused_on = threading.get_ident()
             request.close()
-
-    def _drive(self, lanes: list[Lane], inbox: "_Inbox", only: list[Lane] | None = None) -> Iterator:
-        """Step the core (`only` those lanes, else all) until `lanes` are retired, yielding what they get."""
-        while True:
-            while inbox.items:
-                yield inbox.items.popleft()
-            if inbox.failure is not None:
-                raise inbox.failure
-            if not any(lane is held for lane in lanes for held in self.core.lanes):
-                return
-            self.core.step(only)
-
-    def _open(self, request: Request, planner: Planner | None, deliver: Callable[[Event | Exception], None],
-              everyone: threading.Event | None = None) -> Lane:
-        """The request's prompt into a free slot at once, then its lane in the core (its Prefill delivered).
-        The lanes already there wait meanwhile."""
-        t0 = time.perf_counter()
-        prefill = self._prefill(request, planner, t0)
-        for other in self.core.lanes:
-            other.request.waited_s += prefill.seconds
-        lane = self._lane(request, prefill, t0, deliver=deliver, everyone=everyone)
-        lane.planner, lane.iterated = planner, True
-        self.core.add(lane)
-        return lane
 
     def _waiting_generation(self) -> Request:
         """The generation an interjection runs beside (it waits between two rounds, on this thread)."""
@@ -342,11 +282,19 @@ class Engine:
                 raise LocalspecError("No KV slot is free for another request.")
             for first in range(0, len(requests), width):
                 group = requests[first:first + width]
-                inbox = _Inbox()
+                inbox = Inbox()
                 lanes: list[Lane] = []
+
+                def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
+                    return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
+
                 try:
-                    lanes = self._open_group(group, first, everyone, inbox, self._side if current else self.drafting)
-                    yield from self._drive(lanes, inbox, only=lanes)
+                    if len(group) == 1:  # nothing to decode it with: alone, with its planner, as `generate`
+                        planner = self._planner(group[0], self._side if current else self.drafting)
+                        lanes = [self.core.open(group[0], planner, deliver(0), everyone)]
+                    else:
+                        lanes = self.core.open_group(group, deliver, everyone)
+                    yield from self.core.events(lanes, inbox, only=lanes)
                 finally:
                     for lane in lanes:
                         self.core.remove(lane)
@@ -359,33 +307,6 @@ class Engine:
                 self._lock.release()
             else:
                 self._paused_on = threading.get_ident()
-
-    def _open_group(self, group: list[Request], first: int, everyone: threading.Event, inbox: "_Inbox",
-                    drafting: Drafting) -> list[Lane]:
-        """The lanes of a group of completions of one prompt, one free slot each. One alone drafts with its
-        own planner, as `generate` would; several share the prompt, evaluated into the slot holding most
-        of it and copied to the others, and decode together without drafts (each draws as alone)."""
-        def deliver(i: int) -> Callable[[Event | Exception], None]:
-            return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
-
-        if len(group) == 1:
-            return [self._open(group[0], self._planner(group[0], drafting), deliver(0), everyone)]
-        t0 = time.perf_counter()
-        lead = group[0]
-        prefill = self._prefill(lead, None, t0)
-        assert lead.kv is not None
-        for request, kv in zip(group[1:], self.slots.free()):
-            kv.copy_from(lead.kv)
-            self.slots.take(kv)
-            request.kv = kv
-        shared = Prefill(prompt_tokens=prefill.prompt_tokens, evaluated=0, cached=prefill.prompt_tokens,
-                         seconds=prefill.seconds)
-        lanes = []
-        for i, request in enumerate(group):
-            lanes.append(self._lane(request, prefill if i == 0 else shared, t0, deliver=deliver(i), everyone=everyone))
-            lanes[-1].iterated = True
-            self.core.add(lanes[-1])
-        return lanes
 
     def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
              sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
@@ -410,14 +331,7 @@ class Engine:
             request.close()
             raise LocalspecError("No KV slot is free for another request.")
         t0 = time.perf_counter()
-        try:
-            request.kv, cached = self.slots.place(request.prompt)
-        except BaseException:
-            request.close()
-            raise
-        lane = self._lane(request, None, t0, deliver=deliver, cached=cached)
-        lane.planner = self._planner(request)
-        self.core.add(lane)
+        self.core.join(request, self._planner(request), deliver)
         if paused and current is not None:
             current.waited_s += time.perf_counter() - t0
 
@@ -435,16 +349,6 @@ class Engine:
             if not self.core:
                 self._lock.release()
         return bool(self.core)
-
-    def _solo_round(self, lane: Lane) -> Step | None:
-        """A lane's speculative round on its own sequence (the core's one-lane step), with its own planner,
-        the draft model included (when it is the only lane stepped, nothing else uses the draft model's
-        cache meanwhile). None when its context is full."""
-        assert lane.planner is not None
-        step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, lane.request.constraint)
-        if step is not None:
-            self._learn(step, len(lane.context) - step.accepted - 1)
-        return step
 
     @property
     def joins(self) -> bool:
@@ -465,19 +369,6 @@ class Engine:
         """A planner for a request with these settings (what `generate` makes for each request)."""
         return self.drafting.planner(prompt, mode, fixed, budget, replayable)
 
-    def _lane(self, request: Request, prefill: Prefill | None, t0: float, *,
-              everyone: threading.Event | None = None,
-              deliver: Callable[[Event | Exception], None] | None = None, cached: int = 0) -> Lane:
-        """A request's sequence: its slot, context, sampler and answer (time to its first token counted
-        from `t0`); `everyone` cancels its group. Without `prefill`, its prompt is evaluated within shared
-        steps (its slot held `cached` of it)."""
-        assert request.kv is not None  # (set by _prefill)
-        meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
-        return Lane(request, request.kv, list(request.prompt),
-                    Sampler(request.sampling, self._infill_vocab()),
-                    Answer(self.target.vocab, request.max_tokens, request.stop, meter, t0),
-                    everyone or request.cancel, prefill, cached, deliver=deliver)
-
     def _learn(self, step: Step, context_len: int) -> None:
         """What a round tells the calibration: a plain round's decode time, the learnt speed factor."""
         if self.calibrator is None:
@@ -485,21 +376,6 @@ class Engine:
         if not step.draft.tokens:
             self.calibrator.observe_plain(context_len, step.verify_s)
         self.calibrator.observe_scale(self.cost.scale)
-
-    def _infill_vocab(self) -> InfillVocab:
-        vocab = self.target.vocab
-        return InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
-
-    def _prefill(self, request: Request, planner: Planner | None, t0: float) -> Prefill:
-        """The request's prompt into a free slot (Slots.prefill); its drafters get ready for it."""
-        prompt = request.prompt
-        request.kv, keep = self.slots.prefill(prompt, request.cancel)
-        evaluated = len(prompt) - keep  # (its last token too: the first round evaluates it)
-        if len(request.kv.tokens) < len(prompt) - 1:  # its client left meanwhile: no round follows
-            evaluated = len(request.kv.tokens) - keep
-        elif planner is not None:
-            planner.prefill(prompt, request.kv)
-        return Prefill(prompt_tokens=len(prompt), evaluated=evaluated, cached=keep, seconds=time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ between requests
 
@@ -551,21 +427,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Inbox:
-    """What the core delivers to the lanes an iterator yields for: their events, or the failure of their
-    own evaluation (which ends them and no one else)."""
-
-    def __init__(self) -> None:
-        self.items: deque = deque()
-        self.failure: Exception | None = None
-
-    def __call__(self, item) -> None:
-        if isinstance(item, Exception):
-            self.failure = item
-        else:
-            self.items.append(item)
 
 
 _served: type[ServedEngine] = Engine  # the contract every front door relies on, checked by mypy

@@ -1,0 +1,83 @@
+"""The engine core driven directly (engine/core.py): lanes added, stepped together or alone, aborted and
+retired between steps, on the toy model. Every answer is its solo answer however the steps mix (the
+toy asserts every decode starts where its sequence ends, so no position is evaluated twice)."""
+
+import threading
+
+from localspec.engine.adaptive import CostModel
+from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.events import Prefill, Round, Summary, answer_tokens
+from localspec.engine.request import check
+from localspec.engine.sampling import SamplingSettings
+from toy import ToyModel
+
+COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
+CHAT = [0, 20, 21, 22, 23, 20, 21]
+OTHER = [0, 30, 2, 3, 17, 30, 2]
+LONG = [0] + [(7 * i) % 40 + 2 for i in range(199)]  # several chunks
+GREEDY = SamplingSettings(temperature=0.0)
+SAMPLED = SamplingSettings(temperature=0.9, seed=41)
+
+
+def _engine(slots=4):
+    target = ToyModel(seed=3, n_seq=slots)
+    draft = ToyModel(seed=3, noise_seed=103, noise=1.5)
+    return Engine(target, draft, EngineOptions(drafter="auto", learn_costs=False), cost=CostModel(dict(COST)),
+                  draft_cost_s=0.01)
+
+
+def _solo(prompt, sampling, max_tokens):
+    engine = _engine(slots=1)
+    return answer_tokens(list(engine.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter="none")))
+
+
+def _request(engine, prompt, max_tokens, sampling=GREEDY, cancel=None):
+    return check(engine.target, engine.drafters, prompt, max_tokens=max_tokens, sampling=sampling, mode="auto",
+                 draft_len="default", default_len=None, stop=(), cancel=cancel or threading.Event())
+
+
+def test_lanes_join_leave_and_abort_between_steps_and_each_answer_is_its_solo_answer():
+    engine = _engine()
+    core = engine.core
+    first, second, third = [], [], []
+    opened = _request(engine, CHAT, 40)
+    lane = core.open(opened, engine.planner_for("auto", None, 40, prompt=CHAT), first.append)
+    assert isinstance(first[0], Prefill) and len(core) == 1
+    for _ in range(3):
+        core.step()  # alone: speculative rounds (it may draft)
+    core.join(_request(engine, LONG, 30), engine.planner_for("auto", None, 30, prompt=LONG), second.append)
+    sampled = _request(engine, OTHER, 25, SAMPLED)
+    core.join(sampled, engine.planner_for("none", None, 25, prompt=OTHER), third.append)  # (the same draws)
+    steps = 0
+    while core:
+        core.step()
+        steps += 1
+        if steps == 6:
+            core.abort(core.lanes[-1])  # the sampled one, mid-answer
+    opened.close()  # (an opened lane's consumer frees its slot)
+    assert answer_tokens(first) == _solo(CHAT, GREEDY, 40)
+    assert answer_tokens(second) == _solo(LONG, GREEDY, 30)
+    assert [e for e in second if isinstance(e, Prefill)][0].chunks > 1  # its prompt came in within the steps
+    cut = answer_tokens(third)
+    assert third[-1].stop_reason == "cancelled" and 0 < len(cut) < 25 and cut == _solo(OTHER, SAMPLED, 25)[:len(cut)]
+    assert isinstance(first[-1], Summary) and lane not in core.lanes and engine.free_slots() == 4
+
+
+def test_a_step_of_some_lanes_leaves_the_others_waiting_and_unchanged():
+    """The caller's policy picks a step's lanes (an interjection: its own): the others do not move, and
+    the time counts as waited, not as their answers'."""
+    engine = _engine()
+    core = engine.core
+    waiting, urgent = [], []
+    held = core.open(_request(engine, CHAT, 30), engine.planner_for("auto", None, 30, prompt=CHAT), waiting.append)
+    core.step()
+    before = (len(held.context), len(waiting))
+    quick = core.open(_request(engine, OTHER, 6), engine.planner_for("auto", None, 6, prompt=OTHER), urgent.append)
+    while any(lane is quick for lane in core.lanes):
+        core.step(only=[quick])
+    assert (len(held.context), len(waiting)) == before and held.request.waited_s > 0
+    assert isinstance(urgent[-1], Summary) and answer_tokens(urgent) == _solo(OTHER, GREEDY, 6)
+    while core:
+        core.step()
+    assert answer_tokens(waiting) == _solo(CHAT, GREEDY, 30)
+    assert any(isinstance(e, Round) and e.accepted for e in waiting + urgent)  # drafts were kept on the way
