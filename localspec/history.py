@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec import paths
+from localspec.engine.events import Summary
 from localspec.errors import LocalspecError
 
 MIGRATIONS: list[str] = [
@@ -66,6 +67,18 @@ class MessageRow:
     stats: dict | None
     spans: list | None      # [[kind, text], ...] with kind in accepted | rejected | target
     created: float
+
+    @property
+    def summary(self) -> Summary | None:
+        """An answer's statistics as the engine reported them (None: a prompt, or an answer that failed)."""
+        return Summary.from_stored(self.stats, self.content) if self.role == "assistant" else None
+
+    @property
+    def error(self) -> str | None:
+        """Why an answer failed, if it did."""
+        if self.status != "error" or not self.stats or not self.stats.get("error"):
+            return None
+        return str(self.stats["error"])
 
 
 class History:

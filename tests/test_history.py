@@ -62,3 +62,28 @@ def test_rename_delete_export_and_prompt_recall(tmp_path):
     history.delete(a.id)
     assert [c.title for c in history.conversations()] == ["B"]
     assert history.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (a.id,)).fetchone()[0] == 0
+
+
+def test_an_answers_summary_comes_back_typed_from_the_history(tmp_path):
+    """The TUI reads stored answers as the engine's Summary (no dictionaries of statistics past the
+    history): what `Summary.stored` keeps comes back equal, an older row missing fields gets their
+    defaults, and a failed answer has its error and no summary."""
+    from localspec.engine.events import Summary
+
+    summary = Summary(text="hi", stop_reason="eog", prompt_tokens=9, prompt_evaluated=4, prompt_s=0.2,
+                      generated_tokens=2, wall_s=0.1, tokens_per_s=20.0, rounds=1, drafted=3, accepted=1,
+                      acceptance_rate=1 / 3, mean_accepted_per_round=1.0, acceptance_by_position=(1.0, 0.0),
+                      drafted_by_position=(1, 1), draft_s=0.01, verify_s=0.05, baseline_tokens_per_s=15.0,
+                      speedup=1.3, drafter="auto", rounds_by_drafter={"ngram": 1}, kept_by_position=(1, 0),
+                      baseline_measured=True)
+    history = History(tmp_path / "h.db")
+    conv = history.create("t")
+    history.add(conv.id, "user", "hello")
+    history.add(conv.id, "assistant", "hi", stats=summary.stored())
+    history.add(conv.id, "assistant", "old", stats={"generated_tokens": 5, "speedup": 1.5, "drafted_by_position": [2]})
+    history.add(conv.id, "assistant", "", status="error", stats={"error": "The KV cache is full"})
+    user, answer, old, failed = history.messages(conv.id)
+    assert user.summary is None and answer.summary == summary and answer.error is None
+    assert old.summary is not None and old.summary.generated_tokens == 5 and old.summary.drafted_by_position == (2,)
+    assert old.summary.kept_by_position == () and old.summary.stop_reason == "" and old.summary.rounds_by_drafter == {}
+    assert failed.summary is None and failed.error == "The KV cache is full"

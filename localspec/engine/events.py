@@ -6,7 +6,7 @@ change them only by adding fields.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterable, Union
 
 
@@ -104,6 +104,32 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
 
+    def stored(self) -> dict[str, Any]:
+        """What the history keeps of it (the answer's text is the message itself), read back by `from_stored`."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("type", "text")} | {"one_line": self.one_line()}
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any] | None, text: str = "") -> "Summary | None":
+        """A stored summary (`stored`); None for a message that has none (a failed answer keeps only its
+        error). Fields an older version did not store take their defaults."""
+        if not data or "generated_tokens" not in data:
+            return None
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in data and name != "text":
+                value = data[name]
+                values[name] = tuple(value) if isinstance(value, list) else value
+            elif f.default is not MISSING:
+                values[name] = f.default
+            elif f.default_factory is not MISSING:
+                values[name] = f.default_factory()
+            else:  # (a required field an older version did not store)
+                kind = str(f.type)
+                values[name] = () if kind.startswith("tuple") else "" if kind == "str" else 0
+        values["text"] = text
+        return cls(**values)
+
     def one_line(self) -> str:
         return (
             f"{self.generated_tokens} tokens in {self.wall_s:.2f}s: {self.tokens_per_s:.1f} tok/s "
@@ -116,11 +142,6 @@ class Summary:
 
 
 Event = Union[Prefill, Round, Summary]
-
-
-def kept_counts(stats: dict[str, Any]) -> list[int]:
-    """Draft tokens kept at each position, from a stored summary (`Summary.to_dict`)."""
-    return list(stats.get("kept_by_position") or [])
 
 
 def answer_tokens(events: Iterable[Event]) -> list[int]:

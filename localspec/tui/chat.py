@@ -110,9 +110,9 @@ class ChatScreen(Screen):
         rows = self.chats.open(conversation_id, apply_override)
         self._show_settings()
         await self.log_view.show_conversation(rows)
-        answered = [row for row in rows if row.role == "assistant" and row.stats and "drafted" in row.stats]
+        answered = [summary for row in rows if (summary := row.summary) is not None]
         if answered:
-            self.stats.show_stored(answered[-1].stats or {})
+            self.stats.show_stored(answered[-1])
         self.refresh_sidebar()
 
     def refresh_sidebar(self) -> None:
@@ -217,8 +217,7 @@ class ChatScreen(Screen):
         self.stats.add(event)
         if isinstance(event, Summary):
             status = "cancelled" if event.stop_reason == "cancelled" else "complete"
-            stats = {k: v for k, v in event.to_dict().items() if k != "text"} | {"one_line": event.one_line()}
-            await self._finish(event.text, status, stats)
+            await self._finish(event.text, status, event)
 
     @on(ChatLog.Maintained)
     def _maintained(self, message: ChatLog.Maintained) -> None:
@@ -227,15 +226,16 @@ class ChatScreen(Screen):
     @on(ChatLog.Failed)
     async def _failed(self, message: ChatLog.Failed) -> None:
         answer = self.log_view.current
-        await self._finish(answer.text if answer else "", "error", {"error": message.error})
+        await self._finish(answer.text if answer else "", "error", None, message.error)
         self.notify(message.error, title="The answer failed", severity="error", timeout=15)
 
-    async def _finish(self, text: str, status: str, stats: dict) -> None:
+    async def _finish(self, text: str, status: str, summary: Summary | None, error: str | None = None) -> None:
         answer = self.log_view.current
-        self.chats.add_answer(text, status, stats, answer.spans if answer else [])
+        stored = summary.stored() if summary is not None else {"error": error} if error else {}
+        self.chats.add_answer(text, status, stored, answer.spans if answer else [])
         if answer is not None:
             answer.content = text
-            await answer.finish(stats, status, stats.get("error"))
+            await answer.finish(summary, status, error)
         self.log_view.current = None
         self.generating = False
         self.log_view.follow()
@@ -276,7 +276,7 @@ class ChatScreen(Screen):
     def _details(self, message: SummaryLine.Opened) -> None:
         answer = message.line.parent
         if isinstance(answer, AssistantMessage):
-            self.app.push_screen(DetailsScreen(answer.stats, answer.spans, answer.text))
+            self.app.push_screen(DetailsScreen(answer.summary, answer.error, answer.spans, answer.text))
 
     def commands(self):
         """(title, help, action) for the command palette."""

@@ -15,7 +15,7 @@ from textual.widgets.option_list import Option
 
 from localspec.config import ChatSettings
 from localspec.engine.contract import DRAFTER_SETTINGS
-from localspec.engine.events import kept_counts
+from localspec.engine.events import Summary
 from localspec.errors import LocalspecError
 from localspec.tui import spans as sp
 from localspec.tui.widgets import position_bars
@@ -295,41 +295,41 @@ class DetailsScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q", "dismiss", "Close")]
 
-    def __init__(self, stats: dict | None, spans: list | None, text: str):
+    def __init__(self, summary: Summary | None, error: str | None, spans: list | None, text: str):
         super().__init__()
-        self.stats = stats or {}
+        self.summary = summary
+        self.error = error
         self.spans = [tuple(s) for s in (spans or [])] or [(sp.TARGET, text)]
 
     def compose(self):
-        s = self.stats
+        s = self.summary
         with VerticalScroll(classes="dialog", id="details"):
             yield Label("Answer details", classes="title")
-            if s.get("error"):
-                yield Static(Content.styled(f"Error: {s['error']}", "$text-error"))
-            if "generated_tokens" in s:
+            if self.error:
+                yield Static(Content.styled(f"Error: {self.error}", "$text-error"))
+            if s is not None:
                 rows = [
-                    ("tokens", f"{s['generated_tokens']} generated, prompt {s.get('prompt_tokens', 0)} "
-                               f"({s.get('prompt_evaluated', 0)} evaluated, {s.get('prompt_s', 0):.2f}s)"),
-                    ("first token", f"after {s.get('first_token_s', 0):.2f}s (prompt and first round)"),
-                    ("throughput", f"{s.get('tokens_per_s', 0):.1f} tok/s in {s.get('wall_s', 0):.2f}s"),
-                    ("plain decoding", f"{s.get('baseline_tokens_per_s', 0):.1f} tok/s " + (
+                    ("tokens", f"{s.generated_tokens} generated, prompt {s.prompt_tokens} "
+                               f"({s.prompt_evaluated} evaluated, {s.prompt_s:.2f}s)"),
+                    ("first token", f"after {s.first_token_s:.2f}s (prompt and first round)"),
+                    ("throughput", f"{s.tokens_per_s:.1f} tok/s in {s.wall_s:.2f}s"),
+                    ("plain decoding", f"{s.baseline_tokens_per_s:.1f} tok/s " + (
                         "(measured: this session's plain rounds at a similar context length)"
-                        if s.get("baseline_measured") else
+                        if s.baseline_measured else
                         "(estimate: no plain rounds measured yet at this context length; the one-token cost "
                         "timed at load)")),
-                    ("speedup", f"{s.get('speedup', 0):.2f}×"),
-                    ("drafted", f"{s.get('drafted', 0)} tokens, {s.get('accepted', 0)} accepted "
-                                f"({s.get('acceptance_rate', 0):.0%}), {s.get('mean_accepted_per_round', 0):.2f} per round"),
-                    ("rounds", f"{s.get('rounds', 0)}: " + ", ".join(f"{k} {v}" for k, v in
-                                                                    (s.get('rounds_by_drafter') or {}).items())),
-                    ("time", f"draft {s.get('draft_s', 0):.2f}s, verify {s.get('verify_s', 0):.2f}s"),
-                    ("drafter", str(s.get("drafter", ""))),
-                    ("stopped", str(s.get("stop_reason", ""))),
+                    ("speedup", f"{s.speedup:.2f}×"),
+                    ("drafted", f"{s.drafted} tokens, {s.accepted} accepted "
+                                f"({s.acceptance_rate:.0%}), {s.mean_accepted_per_round:.2f} per round"),
+                    ("rounds", f"{s.rounds}: " + ", ".join(f"{k} {v}" for k, v in s.rounds_by_drafter.items())),
+                    ("time", f"draft {s.draft_s:.2f}s, verify {s.verify_s:.2f}s"),
+                    ("drafter", s.drafter),
+                    ("stopped", s.stop_reason),
                 ]
                 for key, value in rows:
                     yield Static(Content.assemble((f"{key:>15}  ", "bold"), value))
                 yield Label("acceptance by draft position", classes="caption")
-                yield Static(position_bars(kept_counts(s), s.get("drafted_by_position") or []))
+                yield Static(position_bars(list(s.kept_by_position), list(s.drafted_by_position)))
             yield Label("the answer, as drafted and verified", classes="caption")
             yield Static(sp.render(self.spans), id="details-spans")
             yield Button("Close", id="close")

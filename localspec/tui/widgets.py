@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import ListItem, ListView, Label, Markdown, Sparkline, Static, TextArea
 
-from localspec.engine.events import Prefill, Round, Summary, Tally, kept_counts
+from localspec.engine.events import Prefill, Round, Summary, Tally
 from localspec.errors import LocalspecError
 from localspec.history import MessageRow
 from localspec.tui import spans as sp
@@ -99,8 +99,8 @@ class SummaryLine(Static, can_focus=True):
     class Opened(Message):
         line: "SummaryLine"
 
-    def __init__(self, stats: dict | None, status: str, error: str | None = None):
-        self.stats = stats or {}
+    def __init__(self, summary: Summary | None, status: str, error: str | None = None):
+        self.summary = summary
         self.status = status
         self.error = error
         super().__init__(self._describe(), classes=f"summary {status}")
@@ -111,11 +111,11 @@ class SummaryLine(Static, can_focus=True):
             parts.append(("■ cancelled  ", "$text-warning bold"))
         elif self.status == "error":
             parts.append((f"✖ {self.error or 'failed'}  ", "$text-error bold"))
-        s = self.stats
-        if s.get("generated_tokens") is not None:
+        s = self.summary
+        if s is not None:
             parts.append(
-                f"{s['generated_tokens']} tok · {s.get('tokens_per_s', 0):.1f} tok/s · "
-                f"{s.get('speedup', 0):.2f}× plain · {s.get('acceptance_rate', 0):.0%} accepted"
+                f"{s.generated_tokens} tok · {s.tokens_per_s:.1f} tok/s · "
+                f"{s.speedup:.2f}× plain · {s.acceptance_rate:.0%} accepted"
             )
             parts.append(("  (details)", "dim"))
         return Content.assemble(*parts)
@@ -130,12 +130,12 @@ class SummaryLine(Static, can_focus=True):
 class AssistantMessage(Vertical):
     """An answer: coloured spans while it streams, Markdown once it is finished."""
 
-    def __init__(self, spans: list[sp.Span] | None = None, *, finished: bool = False, stats: dict | None = None,
+    def __init__(self, spans: list[sp.Span] | None = None, *, finished: bool = False, summary: Summary | None = None,
                  status: str = "complete", error: str | None = None, content: str | None = None):
         super().__init__(classes="message assistant")
         self.spans: list[sp.Span] = list(spans or [])
         self.finished = finished
-        self.stats = stats
+        self.summary = summary
         self.status = status
         self.error = error
         self.content = content
@@ -146,7 +146,7 @@ class AssistantMessage(Vertical):
     def compose(self):
         if self.finished:
             yield Markdown(sp.as_markdown(self.text), classes="answer")
-            yield SummaryLine(self.stats, self.status, self.error)
+            yield SummaryLine(self.summary, self.status, self.error)
         else:
             self._live = Static("", classes="block live")
             yield self._live
@@ -174,11 +174,11 @@ class AssistantMessage(Vertical):
             spans = self._live_spans if block is self._live else getattr(block, "spans", [])
             block.update(sp.render(spans, show))
 
-    async def finish(self, stats: dict | None, status: str, error: str | None = None) -> None:
-        self.finished, self.stats, self.status, self.error = True, stats, status, error
+    async def finish(self, summary: Summary | None, status: str, error: str | None = None) -> None:
+        self.finished, self.summary, self.status, self.error = True, summary, status, error
         await self.remove_children()
         self._live = None
-        await self.mount(Markdown(sp.as_markdown(self.text), classes="answer"), SummaryLine(stats, status, error))
+        await self.mount(Markdown(sp.as_markdown(self.text), classes="answer"), SummaryLine(summary, status, error))
 
 
 class ChatLog(VerticalScroll):
@@ -225,9 +225,8 @@ class ChatLog(VerticalScroll):
     def _message(self, row: MessageRow) -> Widget:
         if row.role == "user":
             return UserMessage(row.content)
-        error = (row.stats or {}).get("error") if row.status == "error" else None
-        message = AssistantMessage([tuple(s) for s in (row.spans or [])], finished=True, stats=row.stats,
-                                   status=row.status, error=error, content=row.content)
+        message = AssistantMessage([tuple(s) for s in (row.spans or [])], finished=True, summary=row.summary,
+                                   status=row.status, error=row.error, content=row.content)
         message.show_rejected = self.show_rejected
         return message
 
@@ -366,21 +365,21 @@ class StatsPanel(Vertical):
             self.speedup, self.measured = event.speedup, event.baseline_measured
         self.refresh_numbers()
 
-    def show_stored(self, stats: dict) -> None:
+    def show_stored(self, summary: Summary) -> None:
         """The statistics of a finished answer from the history (when a conversation is opened)."""
         self._reset()
         t = self.tally
-        t.drafted, t.accepted = stats.get("drafted", 0), stats.get("accepted", 0)
-        mean = stats.get("mean_accepted_per_round", 0)
+        t.drafted, t.accepted = summary.drafted, summary.accepted
+        mean = summary.mean_accepted_per_round
         t.drafting_rounds = round(t.accepted / mean) if mean else 0
-        t.tried_at = list(stats.get("drafted_by_position") or [])
-        t.kept_at = kept_counts(stats)
-        self.tokens_per_s = stats.get("tokens_per_s", 0.0)
-        self.first_token_s = stats.get("first_token_s", 0.0)
-        self.baseline = stats.get("baseline_tokens_per_s", 0.0) or self.baseline
-        self.speedup = stats.get("speedup", 0.0)
-        self.measured = bool(stats.get("baseline_measured", False))
-        self.last_drafter = str(stats.get("drafter", "—"))
+        t.tried_at = list(summary.drafted_by_position)
+        t.kept_at = list(summary.kept_by_position)
+        self.tokens_per_s = summary.tokens_per_s
+        self.first_token_s = summary.first_token_s
+        self.baseline = summary.baseline_tokens_per_s or self.baseline
+        self.speedup = summary.speedup
+        self.measured = summary.baseline_measured
+        self.last_drafter = summary.drafter or "—"
         self.showing_stored = True
         self.refresh_numbers()
 
