@@ -12,7 +12,7 @@ order.
 
 `--unified` loads the target with one KV buffer for all sequences (llama.cpp's `kv_unified`): uneven
 parts then cost one pass of their total, but every decode attends over every sequence's cells, which
-the last line shows (docs/performance.md, "One KV buffer for all sequences").
+the last line shows (docs/history/2026-12-02-shared-steps.md, "One KV buffer for all sequences").
 """
 
 from __future__ import annotations

@@ -113,8 +113,8 @@ def steps_saved_s(cost: CostModel, ahead: Sequence[float], queued: bool = False)
 # A shared step drafts only where the later steps its drafts are expected to save exceed the seconds
 # they add to it by this much: the copies' chances are estimates (what shared drafts kept is learnt as
 # Promises.trust). Two and four edits at once, drafts vs none (scripts/shared_drafts.py, 2-core EPYC,
-# AVX-512 and AVX2 builds): medians 0.94-1.03, within the run-to-run noise (docs/performance.md, "What
-# a shared draft is worth").
+# AVX-512 and AVX2 builds): medians 0.94-1.03, within the run-to-run noise (docs/history/
+# 2026-12-02-shared-steps.md).
 SHARED_MARGIN = 0.3
 
 
