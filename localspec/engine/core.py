@@ -1,13 +1,14 @@
 """The engine core: every request being generated is a lane of one step loop.
 
-A lane (engine/parallel.py: its request, slot, context, sampler, answer and planner) is `add`ed with its
-prompt in its slot already or still to be evaluated; `step` advances the lanes it is given (all, unless
-the caller's policy names some) and hands each its events through its `deliver`; `abort` cancels one,
-which ends at the next step that takes it; `drop` lets go of every lane after a failure no lane can
-survive. A step is one of two shapes, by what it holds:
-- one lane alone, its prompt in, with a planner: a speculative round on its own sequence
-  (`solo_round`: the request's planner, the draft model included), timed as a plain round where it
-  drafted nothing, so the speedup shown measures plain decoding on the same loop;
+A lane (engine/parallel.py: its request, slot, context, sampler, answer and planner) comes in with its
+prompt evaluated at once (`open`, `open_group` for the completions of one prompt) or still to be
+evaluated within the steps (`join`); `step` advances the lanes it is given (all, unless the caller's
+policy names some) and hands each its events through its `deliver`; `abort` cancels one, which ends at
+the next step that takes it; `drop` lets go of every lane after a failure no lane can survive. A step
+is one of two shapes, by what it holds:
+- one lane alone, its prompt in, with a planner: a speculative round on its own sequence (the
+  request's planner, the draft model included), timed as a plain round where it drafted nothing, so
+  the speedup shown measures plain decoding on the same loop;
 - anything else: one evaluation holding every lane's pending token with its lookup draft, and chunks
   of the prompts still being evaluated (`parallel.advance`), each lane's round settled as alone.
 So a request decodes the same way whoever else is running: alone it is the one-lane case of the loop
