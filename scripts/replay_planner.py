@@ -67,7 +67,7 @@ from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.speculative import Drafting
-from replay_trees import GPU_SHAPE, bounds, free_positions, grow, hindsight, kept_on, model_drafts
+from replay_trees import GPU_SHAPE, bounds, free_positions, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
@@ -129,7 +129,7 @@ def record_draft(entry: str, recorded: str) -> None:
     if draft is None:
         raise SystemExit(f"{entry} has no draft model")
     for item in data["answers"]:
-        truth = _truth(data, item)
+        truth = truth_of(data, item)
         tokens = item["prompt"] + truth
         first = len(item["prompt"]) - 1  # the row that predicts the answer's first token
         draft.truncate(0)
@@ -152,19 +152,6 @@ def record_draft(entry: str, recorded: str) -> None:
         json.dump(data, f)
 
 
-def _truth(data: dict, item: dict) -> list[int]:
-    """The recorded answer, with its end-of-generation token where it ended by itself."""
-    return item["answer"] + ([data["eos"]] if item["ended"] else [])
-
-
-def _kept(tokens: list[int], truth: list[int], at: int) -> int:
-    """How many of `tokens`, drafted at answer position `at`, the recorded answer goes on with."""
-    kept = 0
-    while kept < len(tokens) and at + kept < len(truth) and tokens[kept] == truth[at + kept]:
-        kept += 1
-    return kept
-
-
 def replay(data: dict, trees: float | None = None) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
     round's chain grown into a tree within that much more than the chain's verify cost (replay_trees)."""
@@ -184,12 +171,12 @@ def replay(data: dict, trees: float | None = None) -> dict[str, list[float]]:
             history.recording = False
             drafting.drafters = [copies, history]
         planner = drafting.planner(item["prompt"], "auto")
-        truth = _truth(data, item)
+        truth = truth_of(data, item)
         context, seconds = list(item["prompt"]), 0.0
         while len(context) - len(item["prompt"]) < len(truth):
             at = len(context) - len(item["prompt"])
             draft = planner.draft(context, 10**6, None)
-            kept = _kept(draft.tokens, truth, at)
+            kept = kept_of(draft.tokens, truth, at)
             nodes, kept_in_all = len(draft.tokens), kept
             if trees is not None:
                 tree = grow(draft.tokens, context, free_positions(price, len(draft.tokens) + 1, trees) - 1)
@@ -215,10 +202,10 @@ def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
     for item in data["answers"]:
         lookup = NgramDrafter(ends_copy=control.__contains__)
         lookup.reset(prompt_len=len(item["prompt"]))
-        truth = _truth(data, item)
+        truth = truth_of(data, item)
         context, keepable = list(item["prompt"]), []
         for at in range(len(truth)):
-            keepable.append(_kept(lookup.propose(context, longest).tokens, truth, at))
+            keepable.append(kept_of(lookup.propose(context, longest).tokens, truth, at))
             context.append(truth[at])
         speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / hindsight(keepable, price))
     return speedups
@@ -237,7 +224,7 @@ def _fixed_lengths(data: dict, item: dict, lengths: dict[tuple[bool, int], int],
     """One answer's speedup drafting copies of each (prompt copy, age class) at a fixed length."""
     lookup = NgramDrafter(ends_copy=set(data["control"]).__contains__)
     lookup.reset(prompt_len=len(item["prompt"]))
-    truth = _truth(data, item)
+    truth = truth_of(data, item)
     context, seconds, at = list(item["prompt"]), 0.0, 0
     while at < len(truth):
         proposal, k = lookup.propose(context, 63), 0
@@ -248,7 +235,7 @@ def _fixed_lengths(data: dict, item: dict, lengths: dict[tuple[bool, int], int],
             while k and k + 1 not in price.verify_s:
                 k -= 1
         tokens = proposal.tokens[:k]
-        kept = _kept(tokens, truth, at)
+        kept = kept_of(tokens, truth, at)
         token = truth[at + kept] if at + kept < len(truth) else None
         seconds += price.verify(k + 1)
         if k:

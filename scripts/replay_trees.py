@@ -63,22 +63,22 @@ def grow(chain: list[int], context: list[int], nodes: int) -> DraftTree:
     return DraftTree.of_branches(branches)
 
 
+def truth_of(data: dict, item: dict) -> list[int]:
+    """The recorded answer, with its end-of-generation token where it ended by itself."""
+    return item["answer"] + ([data["eos"]] if item["ended"] else [])
+
+
+def kept_of(tokens: list[int], truth: list[int], at: int) -> int:
+    """How many of `tokens`, drafted at answer position `at`, the recorded answer goes on with."""
+    n = 0
+    while n < len(tokens) and at + n < len(truth) and tokens[n] == truth[at + n]:
+        n += 1
+    return n
+
+
 def kept_on(tree: DraftTree, truth: list[int], at: int) -> int:
     """How many tokens the recorded answer keeps of the tree's best branch, drafted at position `at`."""
-    best = 0
-    for branch in tree.branches():
-        kept = 0
-        while kept < len(branch) and at + kept < len(truth) and branch[kept] == truth[at + kept]:
-            kept += 1
-        best = max(best, kept)
-    return best
-
-
-def _run(tokens: list[int], truth: list[int], at: int) -> int:
-    kept = 0
-    while kept < len(tokens) and at + kept < len(truth) and tokens[kept] == truth[at + kept]:
-        kept += 1
-    return kept
+    return max((kept_of(branch, truth, at) for branch in tree.branches()), default=0)
 
 
 def keepable_by_source(data: dict, item: dict, truth: list[int], longest: int = 63) -> dict[str, list[int]]:
@@ -95,18 +95,18 @@ def keepable_by_source(data: dict, item: dict, truth: list[int], longest: int = 
     out: dict[str, list[int]] = {"copy": [], "lookup tree": [], "model": [], "copy+model": []}
     for at in range(len(truth)):
         copy = lookup.propose(context, longest).tokens
-        kept = _run(copy, truth, at)
-        out["copy"].append(kept)
+        copied = kept_of(copy, truth, at)
+        out["copy"].append(copied)
         out["lookup tree"].append(kept_on(grow(copy, context, longest), truth, at))
         if guesses is not None:
             model = 0
             while at + model < len(truth) and model < longest and guesses[at + model][0] == truth[at + model]:
                 model += 1
             out["model"].append(model)
-            best = kept
-            if kept < len(copy) and at + kept < len(truth) and truth[at + kept] in guesses[at + kept]:
-                for resumed in (copy[kept + 1:], copy[kept:]):  # the guess replaced a token, or came in before it
-                    best = max(best, kept + 1 + _run(resumed, truth, at + kept + 1))
+            best = copied
+            if copied < len(copy) and at + copied < len(truth) and truth[at + copied] in guesses[at + copied]:
+                for resumed in (copy[copied + 1:], copy[copied:]):  # the guess replaced a token, or came in before it
+                    best = max(best, copied + 1 + kept_of(resumed, truth, at + copied + 1))
             out["copy+model"].append(max(best, model))
         context.append(truth[at])
     return out
@@ -129,7 +129,7 @@ def bounds(data: dict) -> dict[str, dict[str, list[float]]]:
     price = CostModel({int(n): s for n, s in data["verify_s"].items()})
     result: dict[str, dict[str, list[float]]] = {}
     for item in data["answers"]:
-        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        truth = truth_of(data, item)
         for source, keepable in keepable_by_source(data, item, truth).items():
             if keepable:
                 plain = len(truth) * price.verify(1)
@@ -155,7 +155,7 @@ def model_drafts(data: dict, draft_ratio: float | None = None) -> dict[str, dict
     draft_s = one * draft_ratio if draft_ratio is not None else data["draft_s"]
     result: dict[str, dict[str, list[float]]] = {"model chain": {}, "model tree": {}}
     for item in data["answers"]:
-        truth = item["answer"] + ([data["eos"]] if item["ended"] else [])
+        truth = truth_of(data, item)
         guesses = item["draft_guesses"]
         for kind, width in (("model chain", 1), ("model tree", 2)):
             best = 0.0
