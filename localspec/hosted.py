@@ -222,10 +222,6 @@ class HostedEngine(OneRequestAtATime):
         # generates, every slot reads busy here.
         return [self._lock.locked()] * len(self._slot_tokens)
 
-    @property
-    def interjects(self) -> bool:
-        return False
-
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
              cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -234,9 +230,7 @@ class HostedEngine(OneRequestAtATime):
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
                  drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]:
-        if interject:
-            raise LocalspecError("An engine in a child process runs one request at a time.")
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
         options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
                    "stop": tuple(stop)}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())

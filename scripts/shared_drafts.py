@@ -53,8 +53,8 @@ def together(engine, prompts: list[str], mode: str, tokens: int) -> tuple[float,
         host.append(event)
         if isinstance(event, Round) and event.index == 0:
             for events, context in zip(guests, contexts[1:]):
-                engine.join(context, events.append, max_tokens=tokens, drafter=mode)
-    while engine.step_guests():
+                engine.submit(context, events.append, max_tokens=tokens, drafter=mode)
+    while engine.step():
         pass
     wall = time.perf_counter() - t0
     answers = [host, *guests]

@@ -81,10 +81,8 @@ class ScriptedEngine(OneRequestAtATime):
         listed = "".join(f"<tool>{t['function']['name']}" for t in tools or ())
         return self.vocab.tokenize(listed + "".join(f"<{m['role']}>{m['content']}" for m in messages))
 
-    interjects: bool = False                 # one request at a time (the real engine's interjection: test_engine_toy)
-
     def generate(self, prompt, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
-                 cancel=None, interject=False):
+                 cancel=None):
         tokens = self.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self.calls.append({"tokens": tokens, "max_tokens": max_tokens, "sampling": sampling, "drafter": drafter,
                            "draft_len": draft_len, "stop": tuple(stop)})

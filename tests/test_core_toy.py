@@ -41,13 +41,15 @@ def test_lanes_join_leave_and_abort_between_steps_and_each_answer_is_its_solo_an
     core = engine.core
     first, second, third = [], [], []
     opened = _request(engine, CHAT, 40)
-    lane = core.open(opened, engine.planner_for("auto", None, 40, prompt=CHAT), first.append)
-    assert isinstance(first[0], Prefill) and len(core) == 1
+    lane = core.add(opened, engine.planner_for("auto", None, 40, prompt=CHAT), first.append, iterated=True)
+    assert not first and len(core) == 1
+    core.step()  # its prompt, within the step
+    assert isinstance(first[0], Prefill) and first[0].evaluated == len(CHAT)
     for _ in range(3):
         core.step()  # alone: speculative rounds (it may draft)
-    core.join(_request(engine, LONG, 30), engine.planner_for("auto", None, 30, prompt=LONG), second.append)
+    core.add(_request(engine, LONG, 30), engine.planner_for("auto", None, 30, prompt=LONG), second.append)
     sampled = _request(engine, OTHER, 25, SAMPLED)
-    core.join(sampled, engine.planner_for("none", None, 25, prompt=OTHER), third.append)  # (the same draws)
+    core.add(sampled, engine.planner_for("none", None, 25, prompt=OTHER), third.append)  # (the same draws)
     steps = 0
     while core:
         core.step()
@@ -69,10 +71,11 @@ def test_a_step_of_some_lanes_leaves_the_others_waiting_and_unchanged():
     engine = _engine()
     core = engine.core
     waiting, urgent = [], []
-    held = core.open(_request(engine, CHAT, 30), engine.planner_for("auto", None, 30, prompt=CHAT), waiting.append)
+    held = core.add(_request(engine, CHAT, 30), engine.planner_for("auto", None, 30, prompt=CHAT), waiting.append)
+    core.step()
     core.step()
     before = (len(held.context), len(waiting))
-    quick = core.open(_request(engine, OTHER, 6), engine.planner_for("auto", None, 6, prompt=OTHER), urgent.append)
+    quick = core.add(_request(engine, OTHER, 6), engine.planner_for("auto", None, 6, prompt=OTHER), urgent.append)
     while any(lane is quick for lane in core.lanes):
         core.step(only=[quick])
     assert (len(held.context), len(waiting)) == before and held.request.waited_s > 0

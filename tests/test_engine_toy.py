@@ -12,7 +12,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
-from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyHead, ToyModel, exact_two_tokens
+from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyHead, ToyModel, exact_two_tokens, step_until_done
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -84,7 +84,7 @@ def test_log_probabilities_of_a_drafted_answer_are_plain_decodings(drafter, draf
 
 
 def test_a_client_that_leaves_during_a_long_prompt_stops_its_evaluation_between_chunks():
-    from localspec.engine.slots import PREFILL_CHUNK
+    from localspec.engine.parallel import PROMPT_CHUNK as PREFILL_CHUNK
 
     cancel = threading.Event()
 
@@ -809,11 +809,12 @@ def _two_slot_engine(drafter="auto", draft_len=None):
 
 
 @pytest.mark.parametrize("drafter, draft_len", [("auto", None), ("model", 4), ("ngram", 3)])
-def test_an_interjection_between_rounds_leaves_the_waiting_generation_exact(drafter, draft_len):
-    """An editor's completion runs between two rounds of a chat's answer (the server's scheduler does
-    this): on the other slot, with its own planner. Both answers are their solo answers, the waiting
-    generation's slot and the draft model's cache are untouched meanwhile, and no position of either
-    sequence is evaluated twice (the toy asserts every decode starts where its sequence ends)."""
+def test_an_urgent_request_stepped_alone_between_rounds_leaves_the_waiting_generation_exact(drafter, draft_len):
+    """An editor's completion submitted between two rounds of a chat's answer and stepped alone to its
+    end (the server's scheduler does this): on the other slot, with its own planner. Both answers are
+    their solo answers, the waiting generation's slot and the draft model's cache are untouched
+    meanwhile, and no position of either sequence is evaluated twice (the toy asserts every decode
+    starts where its sequence ends)."""
     engine, target, draft = _two_slot_engine(drafter, draft_len)
     chat = [0, 5, 9, 11, 13, 5, 9]
     completions = [[0, 20, 21, 22, 23, 20, 21], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17, 30, 2]]
@@ -824,8 +825,8 @@ def test_an_interjection_between_rounds_leaves_the_waiting_generation_exact(draf
         rounds = sum(isinstance(e, Round) for e in events)
         if isinstance(event, Round) and rounds in (1, 3, 4) and completions:
             held, draft_held = list(target.seqs[0]), list(draft.seqs[0])
-            prompt = completions.pop(0)
-            answer = list(engine.generate(prompt, max_tokens=12, interject=True))
+            prompt, answer = completions.pop(0), []
+            step_until_done(engine, [engine.submit(prompt, answer.append, max_tokens=12, urgent=True)])
             assert _tokens(answer) == _plain(prompt, 12)
             assert isinstance(answer[0], Prefill) and answer[0].prompt_tokens == len(prompt)
             assert target.seqs[0] == held and draft.seqs[0] == draft_held
@@ -851,7 +852,8 @@ def test_requests_planning_side_by_side_draft_as_each_would_alone():
         engine, _target, _draft = _two_slot_engine("ngram")
         lanes = []
         for prompt in prompts:
-            kv, _kept = engine.slots.prefill(prompt)
+            kv, kept = engine.slots.place(prompt)
+            kv.extend(prompt[kept:-1])
             lanes.append((kv, list(prompt), engine.planner_for("ngram", None, 40, prompt=prompt),
                           Sampler(SamplingSettings()), []))
         for i in order:
@@ -868,23 +870,33 @@ def test_requests_planning_side_by_side_draft_as_each_would_alone():
         assert answer == _plain(prompt, len(answer))
 
 
-def test_an_interjection_needs_a_paused_generation_and_a_second_slot():
+def test_a_request_submitted_beside_a_generation_needs_a_free_slot_and_the_owning_thread():
     engine, _target, _draft = _two_slot_engine()
-    with pytest.raises(LocalspecError, match="between two rounds"):
-        list(engine.generate([0, 5, 9], max_tokens=3, interject=True))  # nothing is generating
     main = engine.generate([0, 5, 9, 11], max_tokens=30)
     next(main)  # the Prefill: the generation waits between rounds
-    inner = engine.generate([0, 7, 8], max_tokens=8, interject=True)
-    next(inner)
-    with pytest.raises(LocalspecError, match="between two rounds"):
-        list(engine.generate([0, 6], max_tokens=3, interject=True))  # not inside another interjection
-    inner.close()  # abandoned mid-answer (the editor moved on): the waiting generation goes on
+    inner_events: list = []
+    inner = engine.submit([0, 7, 8], inner_events.append, max_tokens=8, urgent=True)
+    engine.step(only=[inner])
+    with pytest.raises(LocalspecError, match="No KV slot"):
+        engine.submit([0, 6], lambda _e: None, max_tokens=3)  # both slots are taken
+    refused: list[Exception] = []
+    other = threading.Thread(target=lambda: _refused(lambda: next(engine.generate([0, 6], max_tokens=2)), refused))
+    other.start()
+    other.join()
+    assert refused and "already generating" in str(refused[0])  # another thread waits its turn
+    engine.core.abort(inner)  # abandoned mid-answer (the editor moved on): the waiting generation goes on
     assert _tokens(list(main)) == _plain([0, 5, 9, 11], 30)
+    assert inner_events[-1].stop_reason == "cancelled" and engine.free_slots() == 2
     one_slot = Engine(ToyModel(seed=3), None, EngineOptions(drafter="ngram", learn_costs=False),
                       cost=CostModel(dict(COST)))
-    assert not one_slot.interjects
-    with pytest.raises(LocalspecError, match="one KV slot"):
-        one_slot.generate([0, 5], interject=True)
+    assert not one_slot.concurrent and engine.concurrent
+
+
+def _refused(call, into: list) -> None:
+    try:
+        call()
+    except LocalspecError as exc:
+        into.append(exc)
 
 
 def test_each_request_drafts_in_its_own_draft_model_sequence():

@@ -14,7 +14,7 @@ from localspec.engine.events import answer_tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.engine.parallel import LEAST_CHUNK, STEP_S, prompt_chunk
 from localspec.errors import LocalspecError
-from toy import ToyModel
+from toy import ToyModel, step_until_done
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
 PROMPT = [0, 5, 9, 11, 13, 5, 9]
@@ -55,12 +55,14 @@ def test_completions_decoded_together_are_their_solo_completions(samplings):
     # never evaluated it.
     assert [n for _start, n in target.calls if n > 1] == [len(PROMPT) - 1]
     assert answers[0][0].evaluated == len(PROMPT) and answers[1][0].evaluated == 0
-    # Every step held each unfinished completion's pending token, one row per sequence.
+    # The first step evaluated the prompt; every later one held each unfinished completion's pending
+    # token, one row per sequence.
+    assert target.steps[0] == [(0, 0, len(PROMPT) - 1)]
     assert target.steps and all(len({seq for seq, _s, _n in step}) == len(step) for step in target.steps)
-    assert all(n == 1 for step in target.steps for _seq, _s, n in step)
-    assert len(target.steps[0]) == 3
+    assert all(n == 1 for step in target.steps[1:] for _seq, _s, n in step)
+    assert len(target.steps[1]) == 3
     lengths = sorted(s[-1].generated_tokens for s in answers)
-    assert len(target.steps) == lengths[-1] + (answers[0][-1].stop_reason == "eog")
+    assert len(target.steps) == 1 + lengths[-1] + (answers[0][-1].stop_reason == "eog")
 
 
 def test_a_completion_that_stops_leaves_the_next_step_and_the_others_go_on():
@@ -74,7 +76,7 @@ def test_a_completion_that_stops_leaves_the_next_step_and_the_others_go_on():
     assert per[1][-1].stop_reason == "cancelled" and per[1][-1].generated_tokens == 3
     for j in (0, 2):
         assert answer_tokens(per[j]) == _solo(PROMPT, SAMPLED[j], 20)
-    assert [len(step) for step in target.steps[:4]] == [3, 3, 3, 2]
+    assert [len(step) for step in target.steps[:5]] == [1, 3, 3, 3, 2]  # (the prompt's step first)
 
 
 def test_more_completions_than_slots_run_in_groups_and_cancel_ends_them_all():
@@ -104,14 +106,15 @@ def test_a_group_interjected_between_rounds_leaves_the_waiting_generation_exact(
         if isinstance(event, Round) and event.index == 2:
             held = list(target.seqs[0])
             busy = []
-            group = []
-            for item in engine.generate_many(PROMPT, SAMPLED[:2], max_tokens=8, interject=True):
-                group.append(item)
+            group: list = []
+            lanes = engine.submit_group(PROMPT, SAMPLED[:2], lambda i: lambda e: group.append((i, e)), max_tokens=8)
+            while any(lane is held for lane in lanes for held in engine.core.lanes):
+                engine.step(only=lanes)
                 busy.append(engine.slots_busy())
             group = _by_completion(group, 2)
             assert [answer_tokens(a) for a in group] == [_solo(PROMPT, s, 8) for s in SAMPLED[:2]]
             assert target.seqs[0] == held  # the waiting answer's slot was not touched
-            assert busy[2] == [True, True, True] and engine.slots_busy() == [True, False, False]
+            assert busy[0] == [True, True, True] and engine.slots_busy() == [True, False, False]
     assert engine.slots_busy() == [False, False, False]
     alone, _ = _engine(slots=1)
     assert answer_tokens(events) == answer_tokens(list(alone.generate(chat, max_tokens=40)))
@@ -141,8 +144,8 @@ def _joined_at_first_round(engine, host_prompt, host_tokens, guest_prompt, guest
     for event in engine.generate(host_prompt, max_tokens=host_tokens):
         host.append(event)
         if isinstance(event, Round) and event.index == 0:
-            engine.join(guest_prompt, guest.append, max_tokens=guest_tokens)
-    while engine.step_guests():
+            engine.submit(guest_prompt, guest.append, max_tokens=guest_tokens)
+    while engine.step():
         pass
     return host, guest
 
@@ -159,10 +162,10 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
         host.append(event)
         rounds = sum(isinstance(e, Round) for e in host)
         if isinstance(event, Round) and rounds == 2:
-            engine.join(PROMPT, guests["greedy"].append, max_tokens=30)
+            engine.submit(PROMPT, guests["greedy"].append, max_tokens=30)
         if isinstance(event, Round) and rounds == 5:
-            engine.join(OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
-    while engine.step_guests():
+            engine.submit(OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
+    while engine.step():
         pass
     alone, _ = _host_engine(slots=1)
     assert answer_tokens(host) == answer_tokens(list(alone.generate(CHAT, max_tokens=40)))
@@ -185,16 +188,26 @@ def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_gues
     stop_second = threading.Event()
     for event in engine.generate(CHAT, max_tokens=3):
         if isinstance(event, Round) and event.index == 0:
-            engine.join(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1], drafter="none")  # (same draws)
-            engine.join(OTHER, second.append, max_tokens=20, cancel=stop_second)
+            engine.submit(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1], drafter="none")  # (same draws)
+            engine.submit(OTHER, second.append, max_tokens=20, cancel=stop_second)
     assert engine.free_slots() == 1
-    with pytest.raises(LocalspecError, match="already generating"):
-        next(engine.generate(OTHER, max_tokens=2))  # the engine is the guests' until they end
+    refused: list = []
+
+    def elsewhere() -> None:
+        try:
+            next(engine.generate(OTHER, max_tokens=2))
+        except LocalspecError as exc:
+            refused.append(exc)
+
+    other = threading.Thread(target=elsewhere)
+    other.start()
+    other.join()
+    assert refused and "already generating" in str(refused[0])  # the engine is this thread's until they end
     steps = 0
-    while engine.step_guests():
+    while engine.step():
         steps += 1
         if steps == 2:
-            engine.join(CHAT, third.append, max_tokens=6)  # joins between two of the guests' own steps
+            engine.submit(CHAT, third.append, max_tokens=6)  # joins between two of the guests' own steps
         if steps == 4:
             stop_second.set()
     assert second[-1].stop_reason == "cancelled" and second[-1].generated_tokens < 20
@@ -213,57 +226,61 @@ def test_the_last_guest_left_drafts_on_its_own_sequence_and_its_answer_is_unchan
     guest: list = []
     for event in engine.generate(CHAT, max_tokens=3):
         if isinstance(event, Round) and event.index == 0:
-            engine.join(PROMPT, guest.append, max_tokens=40, drafter=drafter)
+            engine.submit(PROMPT, guest.append, max_tokens=40, drafter=drafter)
     shared = len(target.steps)
-    while engine.step_guests():
+    while engine.step():
         pass
     summary = guest[-1]
     assert isinstance(summary, Summary) and summary.drafted > 0 and summary.accepted > 0
-    assert len(target.steps) == shared  # no more shared steps once it was alone: its own verify batches
+    alone = target.steps[shared:]  # no more shared steps once it was alone: its own verify batches
+    assert all(len(step) == 1 for step in alone) and any(n > 1 for step in alone for _seq, _s, n in step)
     assert answer_tokens(guest) == _solo(PROMPT, GREEDY[0], 40)
     assert engine.free_slots() == 3
     history = engine.drafter("history")
     assert history is not None and history.index.n_documents == 2  # the host's answer, and the guest's
 
 
-def test_a_join_needs_a_paused_generation_and_a_free_slot_and_an_interjection_takes_a_free_one():
+def test_requests_submitted_beside_a_generation_take_free_slots_and_one_stepped_alone_leaves_the_others_exact():
     engine, target = _host_engine(slots=3)
-    with pytest.raises(LocalspecError, match="joins only between"):
-        engine.join(PROMPT, lambda _e: None)
     main = engine.generate(CHAT, max_tokens=30)
     next(main)  # the Prefill: the generation waits between two rounds
-    guest, later = [], []
-    engine.join(PROMPT, guest.append, max_tokens=25)
+    guest, later, completion = [], [], []
+    engine.submit(PROMPT, guest.append, max_tokens=25)
     held = list(target.seqs[1])  # the guest's slot (the generation holds slot 0)
-    completion = list(engine.generate(OTHER, max_tokens=6, interject=True))
+    step_until_done(engine, [engine.submit(OTHER, completion.append, max_tokens=6, urgent=True)])
     assert answer_tokens(completion) == _solo(OTHER, GREEDY[0], 6)
-    assert target.seqs[1] == held  # the interjection took the third slot, not the guest's
-    engine.join(OTHER, later.append, max_tokens=8)
+    assert target.seqs[1] == held  # the urgent one took the third slot, not the guest's
+    engine.submit(OTHER, later.append, max_tokens=8)
     assert engine.free_slots() == 0
     with pytest.raises(LocalspecError, match="No KV slot"):
-        engine.join(CHAT, lambda _e: None)
+        engine.submit(CHAT, lambda _e: None)
     rest = list(main)
-    while engine.step_guests():
+    while engine.step():
         pass
     assert answer_tokens(guest) == _solo(PROMPT, GREEDY[0], 25)
     assert answer_tokens(later) == _solo(OTHER, GREEDY[0], 8)
     assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 30)
 
 
-def test_completions_interjected_beside_a_guest_take_only_free_slots():
+def test_completions_stepped_beside_a_guest_take_only_free_slots():
     engine, target = _host_engine(slots=4)
     main = engine.generate(CHAT, max_tokens=20)
     next(main)
     guest = []
-    engine.join(OTHER, guest.append, max_tokens=15)
+    engine.submit(OTHER, guest.append, max_tokens=15)
     guest_slot = next(i for i, busy in enumerate(engine.slots_busy()) if busy and i != 0)
     held = list(target.seqs[guest_slot])
-    group = _by_completion(list(engine.generate_many(PROMPT, SAMPLED, max_tokens=6, drafter="none",
-                                                     interject=True)), 3)
-    assert target.seqs[guest_slot] == held  # three completions, two free slots: never the guest's
-    assert [answer_tokens(a) for a in group] == [_solo(PROMPT, s, 6) for s in SAMPLED]
+    with pytest.raises(LocalspecError, match="No KV slot"):
+        engine.submit_group(PROMPT, SAMPLED, lambda i: lambda e: None, max_tokens=6)  # three, two slots free
+    group: list = []
+    for first in (0, 2):  # two at a time, as the scheduler submits them
+        step_until_done(engine, engine.submit_group(PROMPT, SAMPLED[first:first + 2],
+                                                    lambda i, f=first: lambda e: group.append((f + i, e)),
+                                                    max_tokens=6, drafter="none"))
+    assert target.seqs[guest_slot] == held  # never the guest's
+    assert [answer_tokens(a) for a in _by_completion(group, 3)] == [_solo(PROMPT, s, 6) for s in SAMPLED]
     rest = list(main)
-    while engine.step_guests():
+    while engine.step():
         pass
     assert answer_tokens(rest) == _solo(CHAT, GREEDY[0], 20) and answer_tokens(guest) == _solo(OTHER, GREEDY[0], 15)
 
@@ -281,9 +298,9 @@ def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_
     for event in engine.generate(CHAT, max_tokens=30):
         host.append(event)
         if isinstance(event, Round) and event.index == 1:
-            engine.join(LONG, guest.append, max_tokens=10)
+            engine.submit(LONG, guest.append, max_tokens=10)
             joined_at = len(target.steps)
-    while engine.step_guests():
+    while engine.step():
         pass
     shared = target.steps[joined_at:]
     seqs = {seq for step in shared for seq, _start, _n in step}
@@ -308,10 +325,10 @@ def test_a_guest_cancelled_while_its_prompt_is_evaluated_ends_and_frees_its_slot
     guest, stop = [], threading.Event()
     for event in engine.generate(CHAT, max_tokens=20):
         if isinstance(event, Round) and event.index == 1:
-            engine.join(LONG, guest.append, max_tokens=10, cancel=stop)
+            engine.submit(LONG, guest.append, max_tokens=10, cancel=stop)
         if isinstance(event, Round) and event.index == 3:
             stop.set()  # after two of its chunks
-    while engine.step_guests():
+    while engine.step():
         pass
     assert [type(e) for e in guest] == [Prefill, Summary]
     assert guest[0].evaluated == 128 and guest[-1].stop_reason == "cancelled" and guest[-1].generated_tokens == 0
@@ -338,8 +355,8 @@ def test_a_prompt_sharing_a_prefix_with_another_slot_copies_it_instead_of_evalua
     guest = []
     for event in engine.generate(first, max_tokens=12):
         if isinstance(event, Round) and event.index == 0:
-            engine.join(second, guest.append, max_tokens=10)
-    while engine.step_guests():
+            engine.submit(second, guest.append, max_tokens=10)
+    while engine.step():
         pass
     assert isinstance(guest[0], Prefill) and guest[0].cached == 40 and guest[0].evaluated == 2
     guest_seq = target.steps[-1][0][0]  # (the host ended first: the last steps are the guest's)
@@ -356,10 +373,10 @@ def test_joining_prompts_are_evaluated_oldest_first_within_each_steps_budget():
     first, second = [], []
     for event in engine.generate(CHAT, max_tokens=30):
         if isinstance(event, Round) and event.index == 1:
-            engine.join(LONG, first.append, max_tokens=6)
-            engine.join(other, second.append, max_tokens=6)
+            engine.submit(LONG, first.append, max_tokens=6)
+            engine.submit(other, second.append, max_tokens=6)
             joined_at = len(target.steps)
-    while engine.step_guests():
+    while engine.step():
         pass
     host_seq = next(seq for seq, start, _n in target.steps[joined_at] if start >= len(CHAT) - 1)
     guests = [(seq, start, n) for step in target.steps[joined_at:] for seq, start, n in step if seq != host_seq]
@@ -430,11 +447,11 @@ def test_drafts_of_different_lengths_in_one_step_are_each_settled_as_alone():
     for event in engine.generate(host_prompt, max_tokens=24):
         host.append(event)
         if isinstance(event, Round) and event.index == 0:
-            engine.join(guest_prompt, guest.append, max_tokens=20)
-            engine.join(third, cancelled.append, max_tokens=20, cancel=stop)
+            engine.submit(guest_prompt, guest.append, max_tokens=20)
+            engine.submit(third, cancelled.append, max_tokens=20, cancel=stop)
         if isinstance(event, Round) and event.index == 3:
             stop.set()
-    while engine.step_guests():
+    while engine.step():
         pass
     assert answer_tokens(host) == truths[20][:24]
     assert answer_tokens(guest) == truths[30][:20]
@@ -585,8 +602,8 @@ def test_forced_draft_lengths_in_a_shared_step_stay_within_one_decodes_logits():
         answers[0].append(event)
         if isinstance(event, Round) and event.index == 0:
             for events, prompt in zip(answers[1:], prompts[1:]):
-                engine.join(prompt, events.append, max_tokens=80)
-    while engine.step_guests():
+                engine.submit(prompt, events.append, max_tokens=80)
+    while engine.step():
         pass
     assert [answer_tokens(a) for a in answers] == [truths[p[1]] for p in prompts]
     assert any(sum(n for _seq, _start, n in step) > 64 - 4 for step in target.steps if len(step) == 4)

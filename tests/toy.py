@@ -295,3 +295,9 @@ class CpuScript:
         self.process += own
         self.busy += own + self.others * self.cores * self.wall_step
         return sample
+
+
+def step_until_done(engine, lanes) -> None:
+    """Step only `lanes` (the others wait, as the scheduler steps an editor's completion) until they end."""
+    while any(lane is held for lane in lanes for held in engine.core.lanes):
+        engine.step(only=lanes)

@@ -80,15 +80,14 @@ class Engine:
         # What drafting learns across requests; each request plans with a Planner of its own from it.
         self.drafting = Drafting(self.cost, self._drafters, learn_costs=opts.learn_costs,
                                  plain_wanted=self.plain_rounds.wanted, queued=lambda: self.queued())
-        # Interjections draft copies of their own context and the history (each request has its own turn
-        # of it; their answers are recorded, so an editor's repeated completion replays), not the draft
-        # model: the waiting generation's draft sequence stays as it was.
+        # Urgent requests (an editor's completions) draft copies of their own context and the history
+        # (each request has its own turn of it; their answers are recorded, so an editor's repeated
+        # completion replays), not the draft model: the chats' draft sequences stay as they were.
         history = [d for d in self._drafters if d.name == "history"]
         self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control), *history],
                               learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted,
                               queued=lambda: self.queued())
-        self._current: Request | None = None  # the generation holding the engine
-        self._paused_on: int | None = None    # the thread consuming it, while it waits between rounds
+        self._owner: int | None = None  # the thread whose requests hold the engine (`_hold`)
         # Every request being generated is a lane of the core's one step loop (engine/core.py).
         self.core = Core(target, self.slots, self.cost, self.plain_rounds, learn=self._learn)
         self._lock = threading.Lock()
@@ -159,56 +158,162 @@ class Engine:
         return self.generate(self.chat_tokens(messages), max_tokens=max_tokens, sampling=sampling, drafter=drafter,
                              draft_len=draft_len, stop=stop, cancel=cancel)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int = 512,
-        sampling: SamplingSettings | None = None,
-        drafter: str | None = None,
-        draft_len: int | None | str = "default",
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        interject: bool = False,
-    ) -> Iterator[Event]:
-        """Prefill, then one Round per draft/verify step, then a Summary. With `interject`, a short
-        request run while the current generation waits between two rounds (see `_interjection`)."""
-        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
-                                draft_len, stop, cancel or threading.Event(), interject)
-        return self._interjection(request) if interject else self._generate(request)
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
+                 sampling: SamplingSettings | None = None, drafter: str | None = None,
+                 draft_len: int | None | str = "default", stop: Sequence[str] = (),
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Prefill, then one Round per draft/verify step, then a Summary: the request submitted, and the
+        core stepped (with whatever else was submitted) until it ends."""
+        request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
+        return self._generate(request)
+
+    def _generate(self, request: Request) -> Iterator[Event]:
+        inbox = Inbox()
+        lane = None
+        self._hold()
+        try:
+            lane = self.core.add(request, self._planner(request), inbox, iterated=True)
+            yield from self.core.events([lane], inbox)
+        except BaseException:
+            if inbox.failure is None:  # (its own evaluation failed: the others go on)
+                self.core.drop()  # they cannot go on without it
+            raise
+        finally:
+            request.close()
+            if lane is not None:
+                self.core.remove(lane)
+            self._let_go()
 
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
-                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
-                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+                      cancel: threading.Event | None = None,
+                      cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
         """One completion of `prompt` per sampling setting (llama.cpp's n_cmpl, OpenAI's n), decoded
-        together (engine/parallel.py, no drafts): (which completion, event), each completion's events
-        those of `generate`. More completions than free slots run in groups, one group after another;
-        with a single free slot they run one after another with `drafter`. `cancel` ends them all,
-        `cancels` (one per completion) each."""
+        together without drafts: (which completion, event), each completion's events those of
+        `generate`. More completions than free slots run in groups, one group after another; with a
+        single free slot they run one after another with `drafter`. `cancel` ends them all, `cancels`
+        (one per completion) each."""
+        requests = self._requests(prompt, samplings, max_tokens, stop, drafter, cancels)
+        return self._many(requests, cancel or threading.Event())
+
+    def _many(self, requests: list[Request], everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        self._hold()
+        try:
+            width = self.free_slots()
+            if width == 0:
+                raise LocalspecError("No KV slot is free for another request.")
+            for first in range(0, len(requests), width):
+                group, inbox = requests[first:first + width], Inbox()
+
+                def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
+                    return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
+
+                lanes: list[Lane] = []
+                try:
+                    lanes = self._add_group(group, deliver, everyone, iterated=True)
+                    yield from self.core.events(lanes, inbox, only=lanes)
+                finally:
+                    for lane in lanes:
+                        self.core.remove(lane)
+                    for request in group:
+                        request.close()  # its slot is free for the next group
+        finally:
+            for request in requests:
+                request.close()
+            self._let_go()
+
+    def submit(self, prompt: str | Sequence[int], deliver: Deliver, *, max_tokens: int = 512,
+               sampling: SamplingSettings | None = None, drafter: str | None = None,
+               draft_len: int | None | str = "default", stop: Sequence[str] = (),
+               cancel: threading.Event | None = None, urgent: bool = False) -> Lane:
+        """A request added to the core: decoded in its steps from the next on (`step`), its events handed
+        to `deliver` (or the exception that ended it, where its own evaluation failed: the others go
+        on); `cancel` ends it at the next step. The first request takes the engine; the others come
+        from the thread stepping it. An `urgent` one (an editor's completion) drafts copies and the
+        history only: the draft model's sequences stay as the others left them. Raises LocalspecError for
+        a request the engine refuses, or when no slot is free."""
+        request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
+        self._hold()
+        try:
+            return self.core.add(request, self._planner(request, self._side if urgent else self.drafting), deliver)
+        finally:
+            self._let_go()
+
+    def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
+                     deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
+                     drafter: str | None = None, cancel: threading.Event | None = None,
+                     cancels: Sequence[threading.Event] | None = None) -> list[Lane]:
+        """Completions of one prompt added to the core (at most one per free slot), as `generate_many`
+        decodes them; `deliver(i)` takes the i-th one's events."""
+        requests = self._requests(prompt, samplings, max_tokens, stop, drafter, cancels)
+        if len(requests) > self.free_slots():
+            for request in requests:
+                request.close()
+            raise LocalspecError("No KV slot is free for another request.")
+        self._hold()
+        try:
+            return self._add_group(requests, deliver, cancel or threading.Event())
+        finally:
+            self._let_go()
+
+    def step(self, only: Sequence[Lane] | None = None) -> bool:
+        """One step of the core (`only` those lanes, else every one); False once none is left (the engine
+        is free again)."""
+        try:
+            self.core.step(only)
+        except BaseException:
+            self.core.drop()
+            raise
+        finally:
+            self._let_go()
+        return bool(self.core)
+
+    def _add_group(self, group: list[Request], deliver: Callable[[int], Deliver], everyone: threading.Event,
+                   iterated: bool = False) -> list[Lane]:
+        """Completions of one prompt in the core: alone, one with its planner, as `generate`; else the
+        prompt evaluated once into the first one's slot and copied to the others', without drafts."""
+        if len(group) == 1:
+            return [self.core.add(group[0], self._planner(group[0]), deliver(0), everyone=everyone, iterated=iterated)]
+        lead = self.core.add(group[0], None, deliver(0), everyone=everyone, iterated=iterated)
+        return [lead] + [self.core.add(request, None, deliver(i), everyone=everyone, follows=lead, iterated=iterated)
+                         for i, request in enumerate(group[1:], 1)]
+
+    def _requests(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], max_tokens: int,
+                  stop: Sequence[str], drafter: str | None,
+                  cancels: Sequence[threading.Event] | None) -> list[Request]:
         if not samplings:
             raise LocalspecError("Ask for at least one completion.")
-        everyone = cancel or threading.Event()
         each = list(cancels) if cancels is not None else [threading.Event() for _ in samplings]
-        mode = drafter or self.options.drafter
-        requests = [self._request(prompt, max_tokens, sampling, mode, "default", stop, own, interject)
-                    for sampling, own in zip(samplings, each, strict=True)]
-        return self._many(requests, everyone, interject)
+        return [self._request(prompt, max_tokens, sampling, drafter, "default", stop, own)
+                for sampling, own in zip(samplings, each, strict=True)]
 
-    def _request(self, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingSettings, mode: str,
-                 draft_len: int | None | str, stop: Sequence[str], cancel: threading.Event,
-                 interject: bool) -> Request:
+    def _request(self, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingSettings | None,
+                 drafter: str | None, draft_len: int | None | str, stop: Sequence[str],
+                 cancel: threading.Event | None) -> Request:
         """A request checked before it takes the engine (request.check)."""
-        if interject and not self.interjects:
-            raise LocalspecError("This engine has one KV slot; nothing can run beside a generation.")
-        return check(self.target, self.drafters, prompt, max_tokens=max_tokens, sampling=sampling, mode=mode,
-                     draft_len=draft_len, default_len=self.options.draft_len, stop=stop, cancel=cancel)
+        return check(self.target, self.drafters, prompt, max_tokens=max_tokens, sampling=sampling or SamplingSettings(),
+                     mode=drafter or self.options.drafter, draft_len=draft_len, default_len=self.options.draft_len,
+                     stop=stop, cancel=cancel or threading.Event())
 
     @property
-    def interjects(self) -> bool:
-        """Whether a short request can run between the rounds of a generation (`generate(interject=True)`):
-        it needs a KV slot of its own."""
+    def concurrent(self) -> bool:
+        """Whether requests can be decoded side by side (`submit` while others run): a KV slot each."""
         return len(self.slots) > 1
+
+    def _hold(self) -> None:
+        """The engine for this thread's requests: taken by the first, shared by those it steps with."""
+        if self.core:
+            if self._owner != threading.get_ident():
+                raise LocalspecError("This engine is already generating; one generation at a time.")
+            return
+        self._acquire()
+        self._owner = threading.get_ident()
+
+    def _let_go(self) -> None:
+        """Free once no request is left in the core."""
+        if not self.core and self._owner is not None:
+            self._owner = None
+            self._lock.release()
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -221,146 +326,12 @@ class Engine:
             finally:
                 self._make_way.clear()
 
-    def _generate(self, request: Request) -> Iterator[Event]:
-        self._acquire()
-        self._current = request
-        inbox = Inbox()
-        lane = None
-        try:
-            lane = self.core.open(request, self._planner(request), inbox)
-            for event in self.core.events([lane], inbox):
-                self._paused_on = threading.get_ident()  # between rounds: an interjection may run now
-                yield event
-                self._paused_on = None
-        except BaseException:
-            if inbox.failure is None:  # (its own evaluation failed: the lanes that joined it go on)
-                self.core.drop()  # they cannot go on without it
-            raise
-        finally:
-            self._paused_on = None
-            self._current = None
-            request.close()
-            if lane is not None:
-                self.core.remove(lane)
-            if not self.core:  # (lanes left: the engine is theirs until step_guests says it is free)
-                self._lock.release()
-
-    def _interjection(self, request: Request) -> Iterator[Event]:
-        """A short request run to its end while the current generation waits between two rounds (its
-        consumer, on the same thread, is not asking for the next one): a lane the core steps alone, on
-        another KV slot, drafting copies and the history with a planner of its own (the waiting
-        generation's turns and the draft model's cache stay as they were); costs and measured plain
-        rounds are shared."""
-        self._waiting_generation()
-        inbox = Inbox()
-        lane = None
-        try:
-            lane = self.core.open(request, self._planner(request, self._side), inbox)
-            yield from self.core.events([lane], inbox, only=[lane])
-        finally:
-            if lane is not None:
-                self.core.remove(lane)
-            self._paused_on = threading.get_ident()
-            request.close()
-
-    def _waiting_generation(self) -> Request:
-        """The generation an interjection runs beside (it waits between two rounds, on this thread)."""
-        current = self._current
-        if current is None or current.kv is None or self._paused_on != threading.get_ident():
-            raise LocalspecError("An interjection runs only between two rounds of a generation, on its thread.")
-        self._paused_on = None  # no interjection inside this one
-        return current
-
-    def _many(self, requests: list[Request], everyone: threading.Event,
-              interject: bool) -> Iterator[tuple[int, Event]]:
-        current = self._waiting_generation() if interject else None
-        if current is None:
-            self._acquire()
-        try:
-            width = self.free_slots()  # (not the waiting generation's, nor those of requests that joined it)
-            if width == 0:
-                raise LocalspecError("No KV slot is free for another request.")
-            for first in range(0, len(requests), width):
-                group = requests[first:first + width]
-                inbox = Inbox()
-                lanes: list[Lane] = []
-
-                def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
-                    return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
-
-                try:
-                    if len(group) == 1:  # nothing to decode it with: alone, with its planner, as `generate`
-                        planner = self._planner(group[0], self._side if current else self.drafting)
-                        lanes = [self.core.open(group[0], planner, deliver(0), everyone)]
-                    else:
-                        lanes = self.core.open_group(group, deliver, everyone)
-                    yield from self.core.events(lanes, inbox, only=lanes)
-                finally:
-                    for lane in lanes:
-                        self.core.remove(lane)
-                    for request in group:
-                        request.close()  # its slot is free for the next group
-        finally:
-            for request in requests:
-                request.close()
-            if current is None:
-                self._lock.release()
-            else:
-                self._paused_on = threading.get_ident()
-
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
-             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
-        """A request decoded together with the running generation from its next step on: called between
-        two of its rounds on the thread consuming it (as an interjection is), or once it has ended, between
-        two `step_guests`. It takes a free slot now; its prompt is evaluated in chunks within the
-        following steps (engine/parallel.py); its events go to `deliver` (its Prefill once its prompt is
-        in), its rounds from inside the running generation's steps. It drafts with `drafter` and a
-        planner of its own: lookups priced for the shared step while several share it
-        (engine/parallel.py), the draft model too once it is the last one left after the generation
-        ended (the core's one-lane step). Raises LocalspecError for a request the engine refuses, or when no
-        slot is free."""
-        request = self._request(prompt, max_tokens, sampling or SamplingSettings(), drafter or self.options.drafter,
-                                "default", stop, cancel or threading.Event(), False)
-        current = self._current
-        paused = current is not None and self._paused_on == threading.get_ident()
-        if not (paused or (current is None and self.core)):
-            request.close()
-            raise LocalspecError("A request joins only between two rounds of a generation, on its thread.")
-        if not self.free_slots():
-            request.close()
-            raise LocalspecError("No KV slot is free for another request.")
-        t0 = time.perf_counter()
-        self.core.join(request, self._planner(request), deliver)
-        if paused and current is not None:
-            current.waited_s += time.perf_counter() - t0
-
-    def step_guests(self) -> bool:
-        """One step of the requests that joined a generation that has ended (each `join` may add one
-        between two steps). False once none is left: the engine is free again."""
-        if self._current is not None or not self.core:
-            return False
-        try:
-            self.core.step()
-        except BaseException:
-            self.core.drop()
-            raise
-        finally:
-            if not self.core:
-                self._lock.release()
-        return bool(self.core)
-
-    @property
-    def joins(self) -> bool:
-        """Whether a request can join a running generation (`join`): it needs a KV slot of its own."""
-        return len(self.slots) > 1
-
     def free_slots(self) -> int:
         """KV slots no request is generating on."""
         return len(self.slots.free())
 
     def _planner(self, request: Request, drafting: Drafting | None = None) -> Planner:
-        """The request's own planner, from the engine's drafting (or the interjections')."""
+        """The request's own planner, from the engine's drafting (or the urgent requests')."""
         return (drafting or self.drafting).planner(request.prompt, request.mode, request.fixed, request.max_tokens,
                                                    request.sampling.replayable)
 

@@ -9,11 +9,13 @@ and the model files, take the local `Engine` itself. Checked by mypy (tests/test
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Protocol, Sequence
 
 from localspec.engine.drafters import REGISTRY
-from localspec.engine.events import Event
+from localspec.engine.events import Event, Summary
 from localspec.errors import LocalspecError
+
+Deliver = Callable[[Any], None]  # where a submitted request's events go (or the exception that ended it)
 
 if TYPE_CHECKING:
     from localspec.engine.model import InfillTokenizer
@@ -113,75 +115,111 @@ class ServedEngine(ChatEngine, Protocol):
         """Whether a request is generating on each KV slot now, by slot id."""
         ...
 
-    @property
-    def interjects(self) -> bool:
-        """Whether a short request can run between two rounds of a generation: `generate(interject=True)`
-        called by the thread consuming that generation while it waits for the next round."""
-        ...
-
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None, interject: bool = False) -> Iterator[Event]: ...
+                 cancel: threading.Event | None = None) -> Iterator[Event]: ...
+
+    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
+                      cancel: threading.Event | None = None,
+                      cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
+        """One completion of `prompt` per sampling setting: (which completion, event), each completion's
+        events those of `generate`. `cancel` ends them all, `cancels` each."""
+        ...
 
     @property
-    def joins(self) -> bool:
-        """Whether a request can join a running generation (`join`, then `step_guests`)."""
-        ...
-
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
-             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
-        """Between two rounds of the running generation (on the thread consuming it), or between two
-        `step_guests` once it has ended: this request is decoded in the same steps from then on, its
-        events handed to `deliver` (or the exception that ended it, where its own evaluation failed:
-        the others go on)."""
-        ...
-
-    def step_guests(self) -> bool:
-        """One step of the requests that joined a generation that has ended; False when none is left."""
+    def concurrent(self) -> bool:
+        """Whether requests can be decoded side by side (`submit` while others run)."""
         ...
 
     def free_slots(self) -> int:
         """KV slots no request is generating on."""
         ...
 
-    def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
-                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
-                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
-                      interject: bool = False) -> Iterator[tuple[int, Event]]:
-        """One completion of `prompt` per sampling setting: (which completion, event), each completion's
-        events those of `generate`. `cancel` ends them all, `cancels` each (`OneRequestAtATime` for an
-        engine that decodes one sequence at a time)."""
+    def submit(self, prompt: str | Sequence[int], deliver: Deliver, *, max_tokens: int = 512,
+               sampling: SamplingSettings | None = None, drafter: str | None = None,
+               draft_len: int | None | str = "default", stop: Sequence[str] = (),
+               cancel: threading.Event | None = None, urgent: bool = False) -> object:
+        """A request decoded in the engine's steps from the next on: its events to `deliver` (or the
+        exception that ended it, where its own evaluation failed); `cancel` ends it at the next step.
+        Returns its handle, for `step(only=...)`. Raises LocalspecError for a request refused."""
+        ...
+
+    def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
+                     deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
+                     drafter: str | None = None, cancel: threading.Event | None = None,
+                     cancels: Sequence[threading.Event] | None = None) -> Sequence[object]:
+        """Completions of one prompt (at most one per free slot), as `generate_many` decodes them;
+        `deliver(i)` takes the i-th one's events."""
+        ...
+
+    def step(self, only: Sequence[Any] | None = None) -> bool:
+        """One step of the submitted requests (`only` those handles, else all); False once none is left."""
         ...
 
 
 class OneRequestAtATime:
-    """What `ServedEngine` asks beyond one generation at a time, for an engine that decodes one sequence at
-    a time (the hosted engine, the tests' scripted one): nothing joins, and several completions of one
-    prompt are generated in turn."""
+    """`ServedEngine`'s submit/step for an engine that decodes one sequence at a time (the hosted engine,
+    the tests' scripted one): one request is in at a time, each step hands over its next event, and
+    several completions of one prompt are generated in turn."""
 
     message = "This engine runs one request at a time."
+    _running: tuple[Iterator[Any], Callable[[Any], None], int] | None = None  # its events, where they go, summaries left
 
     @property
-    def joins(self) -> bool:
-        return False
-
-    def join(self, prompt: str | Sequence[int], deliver: Callable[[Event | Exception], None], *, max_tokens: int = 512,
-             sampling: SamplingSettings | None = None, stop: Sequence[str] = (),
-             cancel: threading.Event | None = None, drafter: str | None = None) -> None:
-        raise LocalspecError(self.message)
-
-    def step_guests(self) -> bool:
+    def concurrent(self) -> bool:
         return False
 
     def free_slots(self) -> int:
-        return 0
+        return 0 if self._running else 1
 
-    def generate_many(self: ServedEngine, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
+    def submit(self: Any, prompt: str | Sequence[int], deliver: Deliver, *, urgent: bool = False,
+               **settings: Any) -> object:
+        self._admit(iter(self.generate(prompt, **settings)), deliver, 1)
+        return self._running
+
+    def submit_group(self: Any, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
+                     deliver: Callable[[int], Deliver], **settings: Any) -> Sequence[object]:
+        def each(item: Any) -> None:
+            if isinstance(item, Exception):
+                deliver(0)(item)
+            else:
+                deliver(item[0])(item[1])
+
+        self._admit(iter(self.generate_many(prompt, samplings, **settings)), each, len(samplings))
+        return [self._running]
+
+    def _admit(self, events: Iterator[Any], deliver: Callable[[Any], None], summaries: int) -> None:
+        if self._running:
+            raise LocalspecError(self.message)
+        self._running = (events, deliver, summaries)
+
+    def step(self, only: Sequence[Any] | None = None) -> bool:
+        if self._running is None:
+            return False
+        events, deliver, left = self._running
+        try:
+            item = next(events)
+        except StopIteration:
+            self._running = None
+            return False
+        except Exception as exc:
+            self._running = None
+            deliver(exc)
+            return False
+        event = item[1] if isinstance(item, tuple) else item
+        left -= isinstance(event, Summary)
+        self._running = (events, deliver, left) if left else None
+        deliver(item)
+        if not left and isinstance(events, Generator):
+            events.close()
+        return self._running is not None
+
+    def generate_many(self: Any, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
-                      cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
-                      interject: bool = False) -> Iterator[tuple[int, Event]]:
+                      cancel: threading.Event | None = None,
+                      cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
         """Each completion generated in turn."""
         everyone = cancel or threading.Event()
         for i, sampling in enumerate(samplings):
@@ -189,7 +227,7 @@ class OneRequestAtATime:
             if everyone.is_set():
                 own.set()
             for event in self.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
-                                       cancel=own, interject=interject):
+                                       cancel=own):
                 yield i, event
                 if everyone.is_set():
                     own.set()

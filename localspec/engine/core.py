@@ -1,11 +1,12 @@
 """The engine core: every request being generated is a lane of one step loop.
 
-A lane (engine/parallel.py: its request, slot, context, sampler, answer and planner) comes in with its
-prompt evaluated at once (`open`, `open_group` for the completions of one prompt) or still to be
-evaluated within the steps (`join`); `step` advances the lanes it is given (all, unless the caller's
+A lane (engine/parallel.py: its request, slot, context, sampler, answer and planner) comes in with
+`add`: it takes a free slot holding what it can of its prompt, and the rest of the prompt is evaluated
+in chunks within the following steps (a lane that `follows` another, a completion of the same prompt,
+copies that one's cache instead). `step` advances the lanes it is given (all, unless the caller's
 policy names some) and hands each its events through its `deliver`; `abort` cancels one, which ends at
-the next step that takes it; `drop` lets go of every lane after a failure no lane can survive. A step
-is one of two shapes, by what it holds:
+the next step that takes it; `drop` lets go of every lane after a failure no lane can survive. Every
+step decodes the target once, in `kv.extend_together`, and is one of two shapes, by what it holds:
 - one lane alone, its prompt in, with a planner: a speculative round on its own sequence (the
   request's planner, the draft model included), timed as a plain round where it drafted nothing, so
   the speedup shown measures plain decoding on the same loop;
@@ -13,8 +14,8 @@ is one of two shapes, by what it holds:
   of the prompts still being evaluated (`parallel.advance`), each lane's round settled as alone.
 So a request decodes the same way whoever else is running: alone it is the one-lane case of the loop
 that shares steps, not a second loop. A lane a step leaves out waits: that time is not its answer's
-(`Request.waited_s`). Which lanes a step takes is policy (the engine's `generate`: every lane, an
-interjection: its own), never the core's.
+(`Request.waited_s`). Which lanes a step takes is policy (`Engine.generate`: every lane; the server's
+scheduler: an editor's completion alone), never the core's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Callable, Iterator, Sequence
 from localspec.engine.adaptive import CostModel
 from localspec.engine.answer import Answer
 from localspec.engine.events import Event, Prefill
+from localspec.engine.kv import common_prefix
 from localspec.engine.model import LanguageModel
 from localspec.engine.parallel import Lane, advance, prompt_chunk
 from localspec.engine.request import Request
@@ -65,69 +67,61 @@ class Core:
 
     # ------------------------------------------------------------------ requests in
 
-    def open(self, request: Request, planner: Planner | None, deliver: Deliver,
-             everyone: threading.Event | None = None) -> Lane:
-        """The request's prompt into a free slot at once, then its lane (its Prefill delivered); the lanes
-        already there wait meanwhile. Its consumer frees its slot (`Lane.iterated`)."""
-        t0 = time.perf_counter()
-        prefill = self._prefill(request, planner, t0)
-        for other in self.lanes:
-            other.request.waited_s += prefill.seconds
-        lane = self._lane(request, prefill, t0, deliver, everyone)
-        lane.planner, lane.iterated = planner, True
-        self.add(lane)
-        return lane
-
-    def open_group(self, group: list[Request], deliver: Callable[[int], Deliver],
-                   everyone: threading.Event) -> list[Lane]:
-        """Completions of one prompt (two or more), one free slot each: the prompt evaluated into the slot
-        holding most of it and copied to the others; they decode together without drafts (each draws as
-        alone would)."""
-        t0 = time.perf_counter()
-        lead = group[0]
-        prefill = self._prefill(lead, None, t0)
-        assert lead.kv is not None
-        for request, kv in zip(group[1:], self.slots.free()):
-            kv.copy_from(lead.kv)
-            self.slots.take(kv)
-            request.kv = kv
-        shared = Prefill(prompt_tokens=prefill.prompt_tokens, evaluated=0, cached=prefill.prompt_tokens,
-                         seconds=prefill.seconds)
-        lanes = []
-        for i, request in enumerate(group):
-            lanes.append(self._lane(request, prefill if i == 0 else shared, t0, deliver(i), everyone))
-            lanes[-1].iterated = True
-            self.add(lanes[-1])
-        return lanes
-
-    def join(self, request: Request, planner: Planner, deliver: Deliver) -> None:
-        """The request in a free slot now, holding what it can of its prompt; the rest is evaluated in
-        chunks within the following steps (its Prefill once it is in)."""
-        t0 = time.perf_counter()
+    def add(self, request: Request, planner: Planner | None, deliver: Deliver, *,
+            everyone: threading.Event | None = None, follows: Lane | None = None, iterated: bool = False) -> Lane:
+        """The request's lane from the next step on, in a free slot holding what it can of its prompt
+        (`Slots.place`); the rest is evaluated in chunks within the steps, and its Prefill is delivered
+        once it is in. A lane that `follows` another (a completion of the same prompt) evaluates nothing:
+        it takes a copy of that lane's cache once its prompt is in. `everyone` cancels a group of lanes;
+        an `iterated` lane's consumer frees its slot (`Lane.iterated`)."""
         try:
-            request.kv, cached = self.slots.place(request.prompt)
+            if follows is None:
+                request.kv, cached = self.slots.place(request.prompt)
+            else:
+                request.kv, cached = self.slots.free()[0], 0
+                self.slots.take(request.kv)
         except BaseException:
             request.close()
             raise
-        lane = self._lane(request, None, t0, deliver, None, cached)
-        lane.planner = planner
-        self.add(lane)
+        lane = self._lane(request, time.perf_counter(), deliver, everyone, cached)
+        lane.planner, lane.follows, lane.iterated = planner, follows, iterated
+        self.lanes.append(lane)
+        if follows is None and lane.prompt_in:
+            self._prompt_in(lane, lane.prefilled())
+        self._copy_prompts()
+        return lane
+
+    def _prompt_in(self, lane: Lane, prefill: Prefill) -> None:
+        """Its prompt is in: a point its slot can return to (a recurrent state's checkpoint), its drafters
+        ready to draft after it, its Prefill delivered."""
+        lane.kv.checkpoint()  # a follow-up's prompt parts from this one at its end at the earliest
+        if lane.planner is not None:
+            lane.planner.prefill(lane.context, lane.kv)
+        self._send(lane, prefill)
+
+    def _copy_prompts(self) -> None:
+        """Lanes that follow another take its prompt once it is in (evaluated once, copied), or what it
+        had of it when it ended first (the rest evaluated on their own)."""
+        for lane in self.lanes:
+            lead = lane.follows
+            if lead is None or (len(lead.kv.tokens) < len(lead.request.prompt) - 1 and lead.ended is None):
+                continue
+            lane.follows = None
+            lane.kv.copy_from(lead.kv)
+            lane.kv.rewind(min(common_prefix(lane.kv.tokens, lane.request.prompt), len(lane.request.prompt) - 1))
+            if lane.prompt_in:
+                shared = lead.prefill or lead.prefilled()
+                lane.prefill = Prefill(prompt_tokens=shared.prompt_tokens, evaluated=0, cached=shared.prompt_tokens,
+                                       seconds=shared.seconds)
+                self._send(lane, lane.prefill)
+            else:
+                lane.cached = len(lane.kv.tokens)
 
     def __bool__(self) -> bool:
         return bool(self.lanes)
 
     def __len__(self) -> int:
         return len(self.lanes)
-
-    def add(self, lane: Lane) -> None:
-        """A lane from the next step on. One whose slot held all its prompt but the last token gets its
-        Prefill now; one whose prompt is to be evaluated gets it once its last chunk is in."""
-        assert lane.deliver is not None
-        if lane.prefill is None and lane.prompt_in:
-            lane.prefilled()
-        if lane.prefill is not None:
-            lane.deliver(lane.prefill)
-        self.lanes.append(lane)
 
     def events(self, lanes: list[Lane], inbox: Inbox, only: list[Lane] | None = None) -> Iterator:
         """Step (`only` those lanes, else every lane) until `lanes` are retired, yielding what they get
@@ -150,12 +144,20 @@ class Core:
         """One step of `only` (every lane if None); lanes that ended are retired, their slots free."""
         lanes = [lane for lane in self.lanes if only is None or any(lane is o for o in only)]
         t0 = time.perf_counter()
-        if len(lanes) == 1 and lanes[0].prefill is not None and lanes[0].planner is not None:
-            rounds = self._alone(lanes[0])
+        own = [lane for lane in lanes if lane.follows is None]
+        for lane in lanes:
+            if lane.follows is not None:  # (waiting for the prompt it copies)
+                lane.ended = lane.stops_before_step()
+        if len(own) == 1 and own[0].prefill is not None and own[0].planner is not None:
+            rounds = self._alone(own[0])
         else:
-            rounds = advance(lanes, lambda rows: prompt_chunk(rows, self.cost.verify, self.target.n_batch))
+            rounds = advance(own, lambda rows: prompt_chunk(rows, self.cost.verify, self.target.n_batch))
         for lane, event in rounds:
-            self._send(lane, event)
+            if isinstance(event, Prefill):
+                self._prompt_in(lane, event)
+            else:
+                self._send(lane, event)
+        self._copy_prompts()
         for lane in [lane for lane in lanes if lane.ended is not None]:
             self._retire(lane)
         waited = time.perf_counter() - t0
@@ -212,26 +214,14 @@ class Core:
 
     # ------------------------------------------------------------------ lanes
 
-    def _lane(self, request: Request, prefill: Prefill | None, t0: float, deliver: Deliver,
-              everyone: threading.Event | None, cached: int = 0) -> Lane:
-        """A request's lane: its slot, context, sampler and answer (time to its first token counted from
-        `t0`); `everyone` cancels its group. Without `prefill`, its prompt is evaluated within shared
-        steps (its slot held `cached` of it)."""
+    def _lane(self, request: Request, t0: float, deliver: Deliver, everyone: threading.Event | None,
+              cached: int) -> Lane:
+        """A request's lane: its slot (holding `cached` of its prompt), context, sampler and answer (time
+        to its first token counted from `t0`); `everyone` cancels its group."""
         assert request.kv is not None
         meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
         vocab = self.target.vocab
         infill = InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
         return Lane(request, request.kv, list(request.prompt), Sampler(request.sampling, infill),
                     Answer(vocab, request.max_tokens, request.stop, meter, t0),
-                    everyone or request.cancel, prefill, cached, deliver=deliver)
-
-    def _prefill(self, request: Request, planner: Planner | None, t0: float) -> Prefill:
-        """The request's prompt into a free slot (Slots.prefill); its drafters get ready for it."""
-        prompt = request.prompt
-        request.kv, keep = self.slots.prefill(prompt, request.cancel)
-        evaluated = len(prompt) - keep  # (its last token too: the first round evaluates it)
-        if len(request.kv.tokens) < len(prompt) - 1:  # its client left meanwhile: no round follows
-            evaluated = len(request.kv.tokens) - keep
-        elif planner is not None:
-            planner.prefill(prompt, request.kv)
-        return Prefill(prompt_tokens=len(prompt), evaluated=evaluated, cached=keep, seconds=time.perf_counter() - t0)
+                    everyone or request.cancel, None, cached, deliver=deliver, started=t0)

@@ -53,6 +53,9 @@ from localspec.errors import LocalspecError
 # (docs/performance.md, "Chats at once").
 STEP_S = 1.0
 LEAST_CHUNK = 64
+# A prompt with nothing else in the step is evaluated at most this many tokens a step (llama.cpp's
+# default batch): a client that leaves during a long prompt is seen between two.
+PROMPT_CHUNK = 512
 MAX_STEP_OUTPUTS = 64  # logits rows one shared decode may return (backend.MAX_LOGITS_PER_CALL)
 
 
@@ -60,10 +63,10 @@ def prompt_chunk(rows: int, verify: Callable[[int], float], room: int, step_s: f
                  least: int = LEAST_CHUNK) -> int:
     """Prompt tokens one shared step may evaluate beside `rows` pending tokens: the most that keep the
     step within `step_s` at the costs `verify(n)`, at least `least`, at most `room - rows` (the batch).
-    With nothing pending, all that fits: nobody waits for it."""
+    With nothing pending, all that fits up to PROMPT_CHUNK: nobody waits for it."""
     most = max(room - rows, 0)
     if rows == 0:
-        return most
+        return min(most, PROMPT_CHUNK)
     lo, hi = min(least, most), most
     while lo < hi:  # the largest n in [least, most] within step_s (verify grows with n)
         mid = (lo + hi + 1) // 2
@@ -91,6 +94,7 @@ class Lane:
     chunks: int = 0                # steps that evaluated a chunk of its prompt
     deliver: Callable[[Event | Exception], None] | None = None  # where its events go (the core hands them over)
     planner: Planner | None = None  # its own, if it drafts (not the completions of one prompt)
+    follows: "Lane | None" = None   # the lane whose prompt it copies once that is in (one prompt's completions)
     # Its events are yielded by an iterator (Engine.generate) that frees its slot once they are all
     # consumed, not when the core retires it: its consumer still sees its slot held while it reads
     # the last round (the server's scheduler admits waiting requests by the slots free then).

@@ -25,7 +25,7 @@ class Request:
     cancel: threading.Event
     constraint: Constraint | None    # the grammar's state, advanced by what each round keeps
     kv: KvSequence | None = None     # the slot holding its context, once prefilled
-    waited_s: float = 0.0            # time it waited between two rounds while interjections ran
+    waited_s: float = 0.0            # time it waited while steps left it out (another request stepped alone)
 
     @property
     def label(self) -> str:

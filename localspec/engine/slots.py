@@ -10,7 +10,6 @@ on a CPU), nor a completion in another file a chat's conversation."""
 
 from __future__ import annotations
 
-import threading
 from typing import Iterator, Sequence
 
 from localspec.engine.kv import KvSequence, common_prefix
@@ -23,9 +22,6 @@ from localspec.errors import LocalspecError
 # AVX2 CPU, 20-30 ms added to the next decode for the 1.5B target's 4096-token slot, about a third of
 # one token's decode, where 16 prompt tokens cost ~450 ms.
 COPY_AT_LEAST = 16
-# A prompt is evaluated in decodes of this many tokens (llama.cpp's default batch), with a look at
-# whether its client is still there between two: seconds on a CPU for a long prompt.
-PREFILL_CHUNK = 512
 
 
 class Slots:
@@ -96,17 +92,4 @@ class Slots:
             reuse = shared
         keep = min(reuse, len(prompt) - 1)
         kv.rewind(keep)
-        return kv, keep
-
-    def prefill(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> tuple[KvSequence, int]:
-        """`place`, then the rest of the prompt but its last token evaluated, PREFILL_CHUNK tokens at a
-        time: a client that leaves meanwhile (`cancel`) stops it after the chunk being evaluated (the
-        slot keeps the prefix evaluated so far, for the next request that shares it)."""
-        kv, keep = self.place(prompt)
-        rest = prompt[keep:-1]
-        for start in range(0, len(rest), PREFILL_CHUNK):
-            if cancel is not None and cancel.is_set():
-                return kv, keep
-            kv.extend(rest[start:start + PREFILL_CHUNK])
-        kv.checkpoint()  # a follow-up's prompt parts from this one at its end at the earliest
         return kv, keep

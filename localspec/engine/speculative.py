@@ -22,7 +22,7 @@ from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
 from localspec.engine.events import TokenLogprob
-from localspec.engine.kv import KvSequence
+from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
 
 # A draft promising less than this over plain decoding gives way to a plain round where plain decoding
@@ -78,7 +78,7 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
     try:
         batch = proposal.batch(context)
         t0 = time.perf_counter()
-        logits = target.extend(batch, range(len(batch)))
+        logits = extend_together([(target, batch, len(batch))])[0]  # (the engine's one decode of a step)
         step = settle(target, context, proposal, logits, sampler, time.perf_counter() - t0, constraint)
     finally:
         proposal.close()

@@ -1,26 +1,28 @@
-"""One thread owns the engine; requests take their turn in arrival order, an editor's completion
-runs between two rounds of whatever is generating, and with slots to spare a request that arrives
-while another generates joins it.
+"""The server's scheduler: an admission policy over the engine core (`Engine.submit`, `submit_group`,
+`step`) and the adapter between its thread and the event loop.
 
-A request's events cross from that thread to the event loop through an asyncio queue. A client that
-goes away sets the request's cancel event, which the engine checks between rounds, so the engine is
-free again within one round. Consecutive requests that share a prompt prefix (an editor completing
-in one file, a chat's next turn) reuse the engine's KV cache for that prefix. A latency-bound request
-(`Job.urgent`: a completion at an editor's cursor, worth nothing late) does not wait for a chat's
-answer to end: the chat pauses between two rounds while it runs on another slot
-(`Engine.generate(interject=True)`), then carries on. Completions may take at most URGENT_SHARE of the
-engine's time while another answer is generated (a token bucket of URGENT_BURST_S), so a chat keeps
-the rest however fast an editor asks; a completion its editor abandoned while it waited never runs.
-A request that arrives while another generates joins it when a slot is free (beyond one kept for
-completions while an editor has asked for one in the last EDITOR_IDLE_S) (`Engine.join`): its prompt
-is evaluated in chunks within the following steps, then both are decoded in one `llama_decode` per
-step, so a second chat starts at once instead of after the first; once the first ends, the others go
-on (`Engine.step_guests`) and what arrives meanwhile joins them.
-Work that is not a generation (an embedding, `call`) runs on the same thread one step at a time: between
-two rounds of whatever generates, or at once when nothing does, so a batch of texts to embed never
-stalls a chat for more than a step.
-Once nothing has arrived for MAINTAIN_AFTER_IDLE_S the thread lets the engine do what it put off for a
-quiet moment (`maintain`: measuring its costs again), which the next request interrupts.
+One thread owns the engine. Each turn of its loop admits what the policy lets in, takes one step of
+the requests in the engine, and one step of a `call`. A request's events cross to the event loop
+through an asyncio queue; a client that goes away sets the request's cancel event, and its request
+ends at the next step. Requests that share a prompt prefix (an editor completing in one file, a
+chat's next turn) reuse the KV cache the engine keeps in its slots.
+
+The policy:
+- a latency-bound request (`Job.urgent`: a completion at an editor's cursor, worth nothing late) does
+  not wait for a chat's answer to end: it is admitted into a free slot and stepped alone until it ends
+  while the others wait; completions take at most URGENT_SHARE of the time while another answer is
+  generated (a token bucket of URGENT_BURST_S), so a chat keeps the rest however fast an editor asks;
+  one its editor abandoned while it waited never runs;
+- any other request is admitted while a slot is free (beyond one kept for completions while an editor
+  has asked for one in the last EDITOR_IDLE_S): its prompt is evaluated in chunks within the
+  following steps, then all are decoded in one `llama_decode` per step, so a second chat starts at
+  once instead of after the first;
+- the completions of one prompt (`Job.group`) are admitted when nothing else runs, as many as the
+  slots hold at a time, and nothing runs beside them.
+Work that is not a generation (an embedding, `call`) runs one step per turn of the loop, so a batch
+of texts to embed never stalls a chat for more than a step. Once nothing has arrived for
+MAINTAIN_AFTER_IDLE_S the thread lets the engine do what it put off for a quiet moment (`maintain`:
+measuring its costs again), which the next request interrupts.
 """
 
 from __future__ import annotations
@@ -127,6 +129,39 @@ class Metrics:
             self.prompt_chunks += prefill.chunks - 1
 
 
+def _as_served(exc: Exception) -> Exception:
+    """What a client is told of a failure: a LocalspecError as it is, anything else as the engine's."""
+    return exc if isinstance(exc, LocalspecError) else RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")
+
+
+@dataclass(eq=False)
+class _Admitted:
+    """A job in the engine: its lanes, and for a group, how many completions were submitted and ended."""
+    job: Job
+    send: Callable[[Any], None]
+    lanes: list = field(default_factory=list)
+    next: int = 0  # a group's completions submitted so far
+    done: int = 0  # its completions ended
+    prefills: dict[int | None, Prefill] = field(default_factory=dict)
+
+    def deliver(self, i: int | None, item: Any, scheduler: "Scheduler") -> None:
+        """One event of the job (of its i-th completion, for a group), or the exception that ended it."""
+        if isinstance(item, Exception):
+            scheduler._end(self, _as_served(item))
+            return
+        job = self.job
+        if isinstance(item, Prefill):
+            self.prefills[i] = item
+            scheduler.recent.append((job.endpoint, job.max_tokens, item.prompt_tokens, item.cached))
+        elif isinstance(item, Summary):
+            scheduler.metrics.count(item, self.prefills.get(i), (job.group[i] if i is not None else job).limited)
+        self.send(item if i is None else (i, item))
+        if isinstance(item, Summary):
+            self.done += 1
+            if self.done == (len(job.group) if job.group else 1):
+                scheduler._end(self)
+
+
 class Scheduler:
     def __init__(self, engine, interject: bool = True, clock=time.monotonic, batch: bool = True):
         self.engine = engine
@@ -137,15 +172,14 @@ class Scheduler:
         self._jobs: collections.deque[Job] = collections.deque()    # waiting, in arrival order
         self._urgent: collections.deque[Job] = collections.deque()  # waiting latency-bound jobs
         self._chores: collections.deque[Callable[[], bool]] = collections.deque()  # `call`s: True once finished
-        self._changed = threading.Condition()  # guards both queues; notified when a job arrives or on close
+        self._changed = threading.Condition()  # guards the queues; notified when work arrives or on close
         self._closing = False
-        self.interject = interject and engine.interjects
-        self.batch = batch and engine.joins
-        self._running = 0  # jobs generating now (one; more while others run between its rounds or joined it)
-        self._guests: list[Job] = []  # jobs that joined the running generation
-        self.interjected = 0  # urgent jobs run between another's rounds so far
-        self.joined = 0       # jobs that joined another's generation so far
-        self._allowance = URGENT_BURST_S  # seconds urgent jobs may take now from the answer being generated
+        self.interject = interject and engine.concurrent
+        self.batch = batch and engine.concurrent
+        self._active: list[_Admitted] = []  # jobs in the engine now, oldest first
+        self.interjected = 0  # urgent jobs run between another's steps so far
+        self.joined = 0       # jobs admitted while others generated so far
+        self._allowance = URGENT_BURST_S  # seconds urgent jobs may take now from the answers being generated
         self._allowance_at = clock()
         self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
@@ -156,11 +190,11 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Requests running or waiting."""
-        return len(self._jobs) + len(self._urgent) + self._running
+        return len(self._jobs) + len(self._urgent) + self.running
 
     @property
     def running(self) -> int:
-        return self._running
+        return len(self._active)
 
     async def generate(self, job: Job) -> AsyncIterator[Any]:
         """Events of one request, or (which completion, event) for a `Job.group`. Raises LocalspecError
@@ -252,120 +286,149 @@ class Scheduler:
         if not self._thread.is_alive():
             self.engine.close()
 
-    def _next(self) -> Job | None:
-        """The next waiting job (latency-bound ones first), taken off its queue."""
-        with self._changed:
-            if self._urgent:
-                return self._urgent.popleft()
-            return self._jobs.popleft() if self._jobs else None
-
     def _work(self) -> None:
+        """The engine's thread: admit what the policy lets in, step, one step of a `call`; once nothing
+        has arrived for a while, the engine's maintenance."""
         while True:
             with self._changed:
-                while not (self._jobs or self._urgent or self._chores or self._closing):
+                while not (self._jobs or self._urgent or self._chores or self._active or self._closing):
                     self._changed.wait()
-                if self._closing and not (self._jobs or self._urgent or self._chores):
+                if self._closing and not (self._jobs or self._urgent or self._chores or self._active):
                     return
-            job = self._next()
-            if job is None:
-                self._chore()
-                continue
-            self._run(job, between=None if job.urgent else self._between)
-            if self._idle_for(MAINTAIN_AFTER_IDLE_S):
-                self._maintain()
+            self._admit()
+            if self._active:
+                self._step()
+                if not self._active and self._idle_for(MAINTAIN_AFTER_IDLE_S):
+                    self._maintain()
+            self._chore()
 
-    def _between(self) -> None:
-        """Between two rounds of the running generation: waiting requests join it while slots are free
-        (beyond one kept for completions while an editor is around), then a waiting completion may run."""
-        self._join_waiting(host_running=True)
-        if self._urgent:
-            self._run_urgent()
-        self._chore()
+    # ------------------------------------------------------------------ admission (the policy)
 
-    def _run_urgent(self) -> None:
-        """Between two rounds of a generation: run the oldest urgent job still wanted, on another slot,
-        if the generation has had its share of the time since the last one."""
-        while self._urgent and self._urgent[0].cancel.is_set():
-            self._run(self._urgent.popleft())  # (its client left: it only ends)
+    def _admit(self) -> None:
+        """Waiting jobs into the engine, as the policy says:
+        - a job whose client left while it waited only ends;
+        - an urgent job (an editor's completion) first, one at a time, into a free slot, when no other
+          runs or the others have had their share of the time since the last one (`_allowance`); it is
+          stepped alone until it ends (`_step`);
+        - several completions of one prompt (a group) when nothing else runs, and nothing beside them;
+        - any other job while slots are free, beyond one kept for completions while an editor is around
+          (`EDITOR_IDLE_S`): its prompt is evaluated in chunks within the following steps."""
+        if any(a.job.group or a.job.urgent for a in self._active):
+            return
+        with self._changed:
+            for queue in (self._urgent, self._jobs):
+                for job in [j for j in queue if j.cancel.is_set()]:
+                    del queue[next(i for i, j in enumerate(queue) if j is job)]
+                    self._sender(job)(_END)
+        if self._urgent and self._urgent_may_run():
+            with self._changed:
+                job = self._urgent.popleft()
+            self.interjected += bool(self._active)
+            self._submit(job)
+            return
+        while self._jobs and (not self._active or (self.batch and self.engine.free_slots() > self._kept())):
+            with self._changed:
+                job = self._jobs[0]
+                if (job.group or job.urgent) and self._active:  # (an urgent one here: completions wait their turn)
+                    return
+                self._jobs.popleft()
+            self.joined += bool(self._active)
+            self._submit(job)
+            if job.group:
+                return
+        if self._urgent and not self._active:  # (queued beside jobs when completions do not interject)
+            with self._changed:
+                job = self._urgent.popleft()
+            self._submit(job)
+
+    def _urgent_may_run(self) -> bool:
+        if not self._active:
+            return True
+        if not self.interject or self.engine.free_slots() == 0:
+            return False
         now = self._clock()
         self._allowance = min(URGENT_BURST_S, self._allowance + URGENT_SHARE * (now - self._allowance_at))
         self._allowance_at = now
-        if not self._urgent or self._allowance <= 0 or not self._free_slot():
-            return
-        self.interjected += 1
-        self._run(self._urgent.popleft(), interject=True)
-        self._allowance -= self._clock() - now
+        return self._allowance > 0
 
-    def _free_slot(self) -> bool:
-        return not self.batch or self.engine.free_slots() > 0
-
-    def _join_waiting(self, host_running: bool) -> None:
-        """The waiting requests join the generation, oldest first, while slots are free (with
-        `host_running` and an editor around, beyond one kept for its completions, and completions
-        themselves run between its rounds or wait for it, as --no-interject says). They join at once:
-        their prompts are evaluated in chunks within the following steps, the oldest first (so each
-        starts as soon as the ones before it allow, and none waits a round to be admitted). Several
-        completions of one prompt (a group) wait for their turn."""
-        keep = 1 if host_running and self.interject and self._editor_around() else 0
-        while self.batch and self.engine.free_slots() > keep:
-            with self._changed:
-                waiting = [*self._jobs] if host_running else [*self._urgent, *self._jobs]
-                job = next((j for j in waiting if not j.group and not (host_running and j.urgent)), None)
-                if job is None:
-                    return
-                for queued in (self._urgent, self._jobs):
-                    if any(j is job for j in queued):
-                        del queued[next(i for i, j in enumerate(queued) if j is job)]
-            self._join(job)
+    def _kept(self) -> int:
+        """Slots kept free for an editor's completions while chats run."""
+        return 1 if self.interject and self._editor_around() else 0
 
     def _queued(self) -> bool:
         """Requests wait for a slot: every slot the generation may take is busy and a request waits
         to join (read on the engine's thread, between its steps)."""
-        keep = 1 if self.interject and self._editor_around() else 0
-        return bool(self._jobs) and self.engine.free_slots() <= keep
+        return bool(self._jobs) and self.engine.free_slots() <= self._kept()
 
     def _editor_around(self) -> bool:
         return self._editor_at is not None and self._clock() - self._editor_at < EDITOR_IDLE_S
 
-    def _join(self, job: Job) -> None:
-        send = self._sender(job)
-        if job.cancel.is_set():  # the client left while waiting
-            send(_END)
+    def _submit(self, job: Job) -> None:
+        """The job into the engine; its events go to its client as each step hands them over."""
+        admitted = _Admitted(job, self._sender(job))
+        beside = bool(self._active)  # (alone, a completion drafts as any request)
+        self._active.append(admitted)
+        if job.group:
+            self._submit_wave(admitted)
             return
-        prefill: list[Prefill] = []
-
-        def deliver(event) -> None:
-            if isinstance(event, Exception):  # its own evaluation failed (engine/parallel.py); others go on
-                self.metrics.errors += 1
-                self._guests.remove(job)
-                self._running -= 1
-                send(_Failed(event if isinstance(event, LocalspecError) else
-                             RuntimeError(f"The engine failed: {type(event).__name__}: {event}")))
-                send(_END)
-                return
-            if isinstance(event, Prefill):
-                prefill.append(event)
-                self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
-            send(event)
-            if isinstance(event, Summary):
-                self.metrics.count(event, prefill[0] if prefill else None, job.limited)
-                self._guests.remove(job)
-                self._running -= 1
-                send(_END)
-
-        self._running += 1
-        self._guests.append(job)
         try:
-            self.engine.join(job.tokens, deliver, max_tokens=job.max_tokens, sampling=job.sampling, stop=job.stop,
-                             cancel=job.cancel, drafter=job.drafter)
-            self.joined += 1
+            admitted.lanes = [self.engine.submit(
+                job.tokens, lambda item: admitted.deliver(None, item, self), max_tokens=job.max_tokens,
+                sampling=job.sampling, drafter=job.drafter, draft_len=job.draft_len, stop=job.stop, cancel=job.cancel,
+                urgent=job.urgent and beside)]
         except Exception as exc:
-            self._guests.remove(job)
-            self._running -= 1
+            self._end(admitted, _as_served(exc))
+
+    def _submit_wave(self, admitted: "_Admitted") -> None:
+        """A group's next completions, one per free slot (all of them when the slots suffice)."""
+        job = admitted.job
+        first = admitted.next
+        members = job.group[first:first + max(self.engine.free_slots(), 1)]
+        admitted.next += len(members)
+
+        def deliver(i: int):
+            return lambda item: admitted.deliver(first + i, item, self)
+
+        try:
+            admitted.lanes = self.engine.submit_group(
+                job.tokens, [j.sampling for j in members], deliver, max_tokens=job.max_tokens, stop=job.stop,
+                drafter=job.drafter, cancel=job.cancel, cancels=[j.cancel for j in members])
+        except Exception as exc:
+            self._end(admitted, _as_served(exc))
+
+    # ------------------------------------------------------------------ steps
+
+    def _step(self) -> None:
+        """One step: an urgent job's alone (the others wait, the time taken from their share), else every
+        job's together. A failure no request survives ends every job in the engine."""
+        urgent = [lane for a in self._active if a.job.urgent for lane in a.lanes]
+        others = any(not a.job.urgent for a in self._active)
+        started = self._clock()
+        try:
+            more = self.engine.step(urgent or None)
+        except Exception as exc:  # keep serving after an engine failure; each client gets a 500
+            more = False
+            for admitted in list(self._active):
+                self._end(admitted, _as_served(exc))
+        if urgent and others:
+            self._allowance -= self._clock() - started
+        waves = [a for a in self._active if a.job.group and a.done == a.next < len(a.job.group)]
+        for admitted in waves:
+            self._submit_wave(admitted)  # into the slots its last completions left
+        if not (more or waves):  # (never: the engine ends each request with its summary or error)
+            for admitted in list(self._active):
+                self._end(admitted, RuntimeError("The engine let go of the request before its end."))
+
+    def _end(self, admitted: "_Admitted", error: Exception | None = None) -> None:
+        """The job's client has all it gets (an error, where one ended it)."""
+        if not any(a is admitted for a in self._active):
+            return
+        self._active.remove(admitted)
+        if error is not None:
             self.metrics.errors += 1
-            send(_Failed(exc if isinstance(exc, LocalspecError) else
-                         RuntimeError(f"The engine failed: {type(exc).__name__}: {exc}")))
-            send(_END)
+            admitted.job.cancel.set()  # (a group's other completions end too)
+            admitted.send(_Failed(error))
+        admitted.send(_END)
 
     def _idle_for(self, seconds: float) -> bool:
         """True when no request arrived for this long: a measurement between requests makes the next
@@ -394,84 +457,6 @@ class Scheduler:
             loop.call_soon_threadsafe(put, item)
 
         return send
-
-    def _run(self, job: Job, between=None, interject: bool = False) -> None:
-        """Run one job to its end; `between` is called between its rounds (the engine waits meanwhile),
-        and after it, while requests that joined it go on."""
-        send = self._sender(job)
-        if job.cancel.is_set():  # the client left while waiting in the queue
-            send(_END)
-            return
-        self._running += 1
-        ended = False
-        try:
-            options = {"interject": True} if interject else {}
-            if job.group:
-                self._run_group(job, send, options)
-                return
-            prefill = None
-            events = self.engine.generate(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
-                                          drafter=job.drafter, draft_len=job.draft_len, stop=job.stop,
-                                          cancel=job.cancel, **options)
-            for event in events:
-                if isinstance(event, Prefill):
-                    prefill = event
-                    self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
-                elif isinstance(event, Summary):
-                    self.metrics.count(event, prefill, job.limited)
-                send(event)
-                if isinstance(event, Summary):  # its client has all it asked for, whoever goes on
-                    ended = True
-                    self._running -= 1
-                    send(_END)
-                elif between is not None and (self._urgent or self._jobs or self._chores):
-                    between()
-            while self.engine.step_guests():  # requests that joined it go on; what waits may join them
-                self._join_waiting(host_running=False)
-                self._chore()
-        except Exception as exc:  # keep serving after an engine failure; the client gets a 500
-            self.metrics.errors += 1
-            error = exc if isinstance(exc, LocalspecError) else RuntimeError(
-                f"The engine failed: {type(exc).__name__}: {exc}")
-            if not ended:
-                send(_Failed(error))
-            if between is not None:
-                self._guests_after_failure(error)
-        finally:
-            if not ended:
-                self._running -= 1
-                send(_END)
-
-    def _guests_after_failure(self, error: Exception) -> None:
-        """The generation others joined failed. Where only its own evaluation did, they go on; where the
-        engine let go of them, each gets the error."""
-        try:
-            while self.engine.step_guests():
-                self._join_waiting(host_running=False)
-                self._chore()
-        except Exception as exc:  # (the engine let go of them)
-            error = exc if isinstance(exc, LocalspecError) else RuntimeError(
-                f"The engine failed: {type(exc).__name__}: {exc}")
-        for guest in list(self._guests):
-            self._guests.remove(guest)
-            self._running -= 1
-            self._sender(guest)(_Failed(error))
-            self._sender(guest)(_END)
-
-    def _run_group(self, job: Job, send, options: dict) -> None:
-        """Several completions of one prompt, decoded together; nothing runs between their steps."""
-        group = job.group
-        prefills: dict[int, Prefill] = {}
-        events = self.engine.generate_many(job.tokens, [j.sampling for j in group], max_tokens=job.max_tokens,
-                                           stop=job.stop, drafter=job.drafter, cancel=job.cancel,
-                                           cancels=[j.cancel for j in group], **options)
-        for i, event in events:
-            if isinstance(event, Prefill):
-                prefills[i] = event
-                self.recent.append((job.endpoint, job.max_tokens, event.prompt_tokens, event.cached))
-            elif isinstance(event, Summary):
-                self.metrics.count(event, prefills.get(i), group[i].limited)
-            send((i, event))
 
     def prometheus(self, model: str) -> str:
         m = self.metrics

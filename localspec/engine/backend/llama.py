@@ -392,14 +392,7 @@ class Model(_Metadata):
                 batch.logits[j] = want
                 if want:
                     outputs.append(j)
-            rc = L.llama_decode(self._ctx, batch)
-            if rc == 1:
-                raise ContextOverflowError(f"The KV cache of {self.path.name} is full ({self.n_ctx} tokens).")
-            if rc != 0:
-                raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
-            self._removable[seq] = len(chunk) - 1
-            for follower in self._followers:
-                follower.follow([(seq, chunk, start + chunk_start, range(len(chunk)))])
+            self._run([(seq, chunk, start + chunk_start)])
             for j in outputs:
                 logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
                 for row in rows_of[chunk_start + j]:
@@ -434,23 +427,27 @@ class Model(_Metadata):
                 j += 1
             outputs.append(list(range(j - count, j)))
         batch.n_tokens = j
-        rc = L.llama_decode(self._ctx, batch)
+        self._run([(seq, tokens, start) for seq, tokens, start, _outputs in parts])
+        return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+                          for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
+
+    def _run(self, parts: list[tuple[int, list[int], int]]) -> None:
+        """The model's one `llama_decode`: the batch as filled, holding these (seq, tokens, start) parts in
+        order; the followers (prediction heads) see the same rows."""
+        rc = L.llama_decode(self._ctx, self._batch)
         if rc == 1:
-            raise ContextOverflowError(f"The KV cache of {self.path.name} is full.")
+            raise ContextOverflowError(f"The KV cache of {self.path.name} is full ({self.n_ctx} tokens).")
         if rc != 0:
             raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name}.")
-        for seq, tokens, _start, _outputs in parts:
+        for seq, tokens, _start in parts:
             self._removable[seq] = len(tokens) - 1
         if self._followers:
-            first = 0
-            follow = []
-            for seq, tokens, start, _outputs in parts:
+            first, follow = 0, []
+            for seq, tokens, start in parts:
                 follow.append((seq, tokens, start, range(first, first + len(tokens))))
                 first += len(tokens)
             for follower in self._followers:
                 follower.follow(follow)
-        return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-                          for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
 
     def copy_seq(self, src: int, dst: int) -> None:
         """Make sequence `dst` hold exactly what `src` holds (each sequence has its own cells here, so
