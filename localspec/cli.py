@@ -9,18 +9,11 @@ from pathlib import Path
 import click
 
 from localspec import __version__, paths
-from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, no_history_option, rpc_options, sampling,
-                                   sampling_options)
+from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, no_history_option, rpc_load_options,
+                                   rpc_options, sampling, sampling_options)
 from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.errors import LocalspecError
 from localspec.units import human_bytes
-
-
-def rpc_load_options(rpc: str | None, allow_public: bool, tensor_split: str | None) -> dict:
-    """load()'s rpc and tensor_split from the options, or from settings.yaml's rpc_workers."""
-    from localspec.rpc import placement_options
-
-    return placement_options(rpc, allow_public, tensor_split)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,7 +100,7 @@ def check(target: str, draft: str) -> None:
     TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
     """
     from localspec.engine.backend import VocabFile
-    from localspec.engine.pairing import check_pair
+    from localspec.engine.pairing import check_pair, eagle3_width
     from localspec.names import model_file
 
     target_path, draft_path = model_file(target), model_file(draft)
@@ -115,7 +108,7 @@ def check(target: str, draft: str) -> None:
         report = check_pair(tv.vocab, dv.vocab)
         decoding = tv.decoding(), dv.decoding()
         if dv.meta("general.architecture") == "eagle3":  # it reads the target's hidden states: their width
-            report = report.with_rule("EAGLE-3 draft's target width", *_eagle3_width(tv, dv))
+            report = report.with_rule("EAGLE-3 draft's target width", *eagle3_width(tv, dv))
     click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
     for result in report.results:
         mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
@@ -166,12 +159,6 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
             click.echo(f"  trusted and cached: {c.how()}")
         else:
             click.echo(f"  NOT trusted, not cached: {c.problem}. Run this again when the machine is quiet.")
-
-
-def _eagle3_width(target, draft) -> tuple[bool, str]:
-    arch = target.meta("general.architecture")
-    width, wanted = target.meta(f"{arch}.embedding_length"), draft.meta("eagle3.target_hidden_size")
-    return width == wanted, f"target {width}, draft made for {wanted}"
 
 
 # ----------------------------------------------------------------------------- generation

@@ -65,3 +65,10 @@ class DraftLength(click.ParamType):
 no_history_option = click.option(
     "--no-history-drafts", is_flag=True,
     help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")
+
+
+def rpc_load_options(rpc: str | None, allow_public: bool, tensor_split: str | None) -> dict:
+    """load()'s rpc and tensor_split from the options, or from settings.yaml's rpc_workers."""
+    from localspec.rpc import placement_options
+
+    return placement_options(rpc, allow_public, tensor_split)

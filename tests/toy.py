@@ -287,7 +287,7 @@ class CpuScript:
         self.wall = self.process = self.busy = 0.0
 
     def __call__(self):
-        from localspec.engine.calibration import CpuSample
+        from localspec.engine.cpu_load import CpuSample
 
         sample = CpuSample(self.wall, self.process, self.busy)
         own = self.share * self.threads * self.wall_step

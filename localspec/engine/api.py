@@ -10,19 +10,19 @@
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
-from localspec.engine.calibration import Calibrator, Interrupted
+from localspec.engine.calibration import Calibrator
 from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
-from localspec.engine.core import Core, Deliver, Inbox
+from localspec.engine.core import Core, Deliver
+from localspec.engine.options import EngineOptions, plain_only_warning
+from localspec.engine.ownership import Ownership, remeasure_when_quiet
 from localspec.engine.parallel import Lane
 from localspec.engine.request import Request, check
 from localspec.engine.sampling import SamplingSettings
@@ -33,26 +33,9 @@ from localspec.engine.speedup import PlainRounds
 from localspec.errors import LocalspecError
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    drafter: str = "auto"            # one of contract.DRAFTER_SETTINGS
-    draft_len: int | None = None     # None: adaptive; N: always draft N
-    draft_p_min: float = 0.5         # stop a model draft when its top probability falls below this
-    calibrate: bool = True           # measure verify costs at load (cached per model file and machine)
-    learn_costs: bool = True         # refine those costs with the timings of real rounds
-    history_drafts: bool = True      # draft from earlier requests' text (the "history" drafter)
-    cache_reuse: int = 0             # reuse cached runs of at least this many tokens that moved (0: prefix only)
-
-
-def plain_only_warning(target: LanguageModel) -> str:
-    """Why a target whose recurrent state cannot be rolled back decodes without drafts."""
-    architecture = target.meta("general.architecture") or "this architecture"
-    return (f"{architecture} keeps a recurrent state that llama.cpp cannot roll back token by token: "
-            "answers are decoded plainly, without drafts.")
-
-
 class Engine:
-    """A target model, an optional draft model, and the loop between them. One generation at a time."""
+    """A target model, an optional draft model, and the loop between them: every request a lane of one
+    engine core, held by one thread at a time (engine/ownership.py)."""
 
     def __init__(self, target: LanguageModel, draft: LanguageModel | None = None, options: EngineOptions | None = None,
                  *, cost: CostModel | None = None, draft_cost_s: float | None = None,
@@ -87,12 +70,9 @@ class Engine:
         self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control), *history],
                               learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted,
                               queued=lambda: self.queued())
-        self._owner: int | None = None  # the thread whose requests hold the engine (`_hold`)
         # Every request being generated is a lane of the core's one step loop (engine/core.py).
         self.core = Core(target, self.slots, self.cost, self.plain_rounds, learn=self._learn)
-        self._lock = threading.Lock()
-        self._maintaining = False
-        self._make_way = threading.Event()  # a request asks maintenance to stop
+        self.ownership = Ownership()  # one thread's requests, or the measuring between requests
 
     # ------------------------------------------------------------------ setup
 
@@ -162,27 +142,10 @@ class Engine:
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
                  cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Prefill, then one Round per draft/verify step, then a Summary: the request submitted, and the
-        core stepped (with whatever else was submitted) until it ends."""
+        """Prefill, then one Round per draft/verify step, then a Summary: the request added to the core,
+        and the core stepped (with whatever else this thread submitted) until it ends."""
         request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
-        return self._generate(request)
-
-    def _generate(self, request: Request) -> Iterator[Event]:
-        inbox = Inbox()
-        lane = None
-        self._hold()
-        try:
-            lane = self.core.add(request, self._planner(request), inbox, iterated=True)
-            yield from self.core.events([lane], inbox)
-        except BaseException:
-            if inbox.failure is None:  # (its own evaluation failed: the others go on)
-                self.core.drop()  # they cannot go on without it
-            raise
-        finally:
-            request.close()
-            if lane is not None:
-                self.core.remove(lane)
-            self._let_go()
+        return self._held(self.core.stream(request, self._planner))
 
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
@@ -194,33 +157,7 @@ class Engine:
         single free slot they run one after another with `drafter`. `cancel` ends them all, `cancels`
         (one per completion) each."""
         requests = self._requests(prompt, samplings, max_tokens, stop, drafter, cancels)
-        return self._many(requests, cancel or threading.Event())
-
-    def _many(self, requests: list[Request], everyone: threading.Event) -> Iterator[tuple[int, Event]]:
-        self._hold()
-        try:
-            width = self.free_slots()
-            if width == 0:
-                raise LocalspecError("No KV slot is free for another request.")
-            for first in range(0, len(requests), width):
-                group, inbox = requests[first:first + width], Inbox()
-
-                def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
-                    return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
-
-                lanes: list[Lane] = []
-                try:
-                    lanes = self._add_group(group, deliver, everyone, iterated=True)
-                    yield from self.core.events(lanes, inbox, only=lanes)
-                finally:
-                    for lane in lanes:
-                        self.core.remove(lane)
-                    for request in group:
-                        request.close()  # its slot is free for the next group
-        finally:
-            for request in requests:
-                request.close()
-            self._let_go()
+        return self._held(self.core.stream_many(requests, self._planner, cancel or threading.Event()), requests)
 
     def submit(self, prompt: str | Sequence[int], deliver: Deliver, *, max_tokens: int = 512,
                sampling: SamplingSettings | None = None, drafter: str | None = None,
@@ -229,15 +166,15 @@ class Engine:
         """A request added to the core: decoded in its steps from the next on (`step`), its events handed
         to `deliver` (or the exception that ended it, where its own evaluation failed: the others go
         on); `cancel` ends it at the next step. The first request takes the engine; the others come
-        from the thread stepping it. An `urgent` one (an editor's completion) drafts copies and the
-        history only: the draft model's sequences stay as the others left them. Raises LocalspecError for
-        a request the engine refuses, or when no slot is free."""
+        from the thread stepping it (engine/ownership.py). An `urgent` one (an editor's completion)
+        drafts copies and the history only: the draft model's sequences stay as the others left them.
+        Raises LocalspecError for a request the engine refuses, or when no slot is free."""
         request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
-        self._hold()
+        self.ownership.hold(bool(self.core))
         try:
             return self.core.add(request, self._planner(request, self._side if urgent else self.drafting), deliver)
         finally:
-            self._let_go()
+            self.ownership.let_go(bool(self.core))
 
     def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
                      deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
@@ -250,11 +187,11 @@ class Engine:
             for request in requests:
                 request.close()
             raise LocalspecError("No KV slot is free for another request.")
-        self._hold()
+        self.ownership.hold(bool(self.core))
         try:
-            return self._add_group(requests, deliver, cancel or threading.Event())
+            return self.core.add_group(requests, self._planner, deliver, cancel or threading.Event())
         finally:
-            self._let_go()
+            self.ownership.let_go(bool(self.core))
 
     def step(self, only: Sequence[Lane] | None = None) -> bool:
         """One step of the core (`only` those lanes, else every one); False once none is left (the engine
@@ -265,18 +202,18 @@ class Engine:
             self.core.drop()
             raise
         finally:
-            self._let_go()
+            self.ownership.let_go(bool(self.core))
         return bool(self.core)
 
-    def _add_group(self, group: list[Request], deliver: Callable[[int], Deliver], everyone: threading.Event,
-                   iterated: bool = False) -> list[Lane]:
-        """Completions of one prompt in the core: alone, one with its planner, as `generate`; else the
-        prompt evaluated once into the first one's slot and copied to the others', without drafts."""
-        if len(group) == 1:
-            return [self.core.add(group[0], self._planner(group[0]), deliver(0), everyone=everyone, iterated=iterated)]
-        lead = self.core.add(group[0], None, deliver(0), everyone=everyone, iterated=iterated)
-        return [lead] + [self.core.add(request, None, deliver(i), everyone=everyone, follows=lead, iterated=iterated)
-                         for i, request in enumerate(group[1:], 1)]
+    def _held(self, events: Iterator, requests: Sequence[Request] = ()) -> Iterator:
+        """`events` consumed while this thread holds the engine."""
+        try:
+            self.ownership.hold(bool(self.core))
+            yield from events
+        finally:
+            for request in requests:
+                request.close()
+            self.ownership.let_go(bool(self.core))
 
     def _requests(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], max_tokens: int,
                   stop: Sequence[str], drafter: str | None,
@@ -299,32 +236,6 @@ class Engine:
     def concurrent(self) -> bool:
         """Whether requests can be decoded side by side (`submit` while others run): a KV slot each."""
         return len(self.slots) > 1
-
-    def _hold(self) -> None:
-        """The engine for this thread's requests: taken by the first, shared by those it steps with."""
-        if self.core:
-            if self._owner != threading.get_ident():
-                raise LocalspecError("This engine is already generating; one generation at a time.")
-            return
-        self._acquire()
-        self._owner = threading.get_ident()
-
-    def _let_go(self) -> None:
-        """Free once no request is left in the core."""
-        if not self.core and self._owner is not None:
-            self._owner = None
-            self._lock.release()
-
-    def _acquire(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            if not self._maintaining:
-                raise LocalspecError("This engine is already generating; one generation at a time.")
-            self._make_way.set()  # maintenance lets go within one calibration batch
-            try:
-                if not self._lock.acquire(timeout=30):
-                    raise LocalspecError("The engine is busy measuring its costs; try again.")
-            finally:
-                self._make_way.clear()
 
     def free_slots(self) -> int:
         """KV slots no request is generating on."""
@@ -355,27 +266,7 @@ class Engine:
         calibration is due (untrusted at load, or contradicted by live rounds) and the machine is quiet.
         `interrupt` is asked between calibration batches; a request that arrives meanwhile stops it too
         (generate waits for it to let go). Returns what was done, "" when nothing."""
-        calibrator = self.calibrator
-        if calibrator is None or not (why := calibrator.due):
-            return ""
-        self._maintaining = True
-        if not self._lock.acquire(blocking=False):
-            self._maintaining = False
-            return ""
-        measured = calibrator.measurements
-        try:
-            fresh = calibrator.remeasure(self.cost.scale, interrupt=lambda: self._make_way.is_set() or interrupt())
-        except Interrupted:
-            fresh = None
-        finally:
-            if calibrator.measurements != measured:
-                self.slots[0].reset()  # measuring used (and emptied) sequence 0
-            self._maintaining = False
-            self._lock.release()
-        if fresh is None:
-            return ""
-        self.cost.recalibrate(fresh.costs, calibrator.reference_scale)
-        return f"measured the target's verify costs again: {why}"
+        return remeasure_when_quiet(self.calibrator, self.cost, self.ownership, self.slots[0].reset, interrupt)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -402,4 +293,4 @@ class Engine:
 
 _served: type[ServedEngine] = Engine  # the contract every front door relies on, checked by mypy
 
-__all__ = ["Engine", "EngineOptions", "SamplingSettings"]
+__all__ = ["Engine", "EngineOptions", "SamplingSettings", "plain_only_warning"]

@@ -36,6 +36,7 @@ from localspec.engine.sampling import InfillVocab, Sampler
 from localspec.engine.slots import Slots
 from localspec.engine.speculative import Planner, Step, speculative_round
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
+from localspec.errors import LocalspecError
 
 Deliver = Callable[[Event | Exception], None]
 
@@ -90,6 +91,57 @@ class Core:
             self._prompt_in(lane, lane.prefilled())
         self._copy_prompts()
         return lane
+
+    def add_group(self, group: list[Request], planner: Callable[[Request], Planner], deliver: Callable[[int], Deliver],
+                  everyone: threading.Event, iterated: bool = False) -> list[Lane]:
+        """Completions of one prompt, one free slot each: alone, one with its `planner`, as any request;
+        else the prompt evaluated once into the first one's slot and copied to the others', without
+        drafts (each draws as alone would)."""
+        if len(group) == 1:
+            return [self.add(group[0], planner(group[0]), deliver(0), everyone=everyone, iterated=iterated)]
+        lead = self.add(group[0], None, deliver(0), everyone=everyone, iterated=iterated)
+        return [lead] + [self.add(request, None, deliver(i), everyone=everyone, follows=lead, iterated=iterated)
+                         for i, request in enumerate(group[1:], 1)]
+
+    def stream(self, request: Request, planner: Callable[[Request], Planner]) -> Iterator[Event]:
+        """The request's events as an iterator: it is added, and every lane stepped until it ends. Where
+        the step fails for every lane, the others are let go too (the caller tells their clients)."""
+        inbox = Inbox()
+        lane = None
+        try:
+            lane = self.add(request, planner(request), inbox, iterated=True)
+            yield from self.events([lane], inbox)
+        except BaseException:
+            if inbox.failure is None:  # (its own evaluation failed: the others go on)
+                self.drop()
+            raise
+        finally:
+            request.close()
+            if lane is not None:
+                self.remove(lane)
+
+    def stream_many(self, requests: list[Request], planner: Callable[[Request], Planner],
+                    everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        """Completions of one prompt as (which, event): as many at a time as slots are free, stepped
+        alone, one group after another."""
+        width = len(self.slots.free())
+        if width == 0:
+            raise LocalspecError("No KV slot is free for another request.")
+        for first in range(0, len(requests), width):
+            group, inbox = requests[first:first + width], Inbox()
+
+            def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
+                return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
+
+            lanes: list[Lane] = []
+            try:
+                lanes = self.add_group(group, planner, deliver, everyone, iterated=True)
+                yield from self.events(lanes, inbox, only=lanes)
+            finally:
+                for lane in lanes:
+                    self.remove(lane)
+                for request in group:
+                    request.close()  # its slot is free for the next group
 
     def _prompt_in(self, lane: Lane, prefill: Prefill) -> None:
         """Its prompt is in: a point its slot can return to (a recurrent state's checkpoint), its drafters

@@ -68,5 +68,12 @@ def check_pair(target, draft) -> PairReport:
     return PairReport(tuple(results))
 
 
+def eagle3_width(target, draft) -> tuple[bool, str]:
+    """An EAGLE-3 draft reads the target's hidden states: whether their widths match, and what they are."""
+    arch = target.meta("general.architecture")
+    width, wanted = target.meta(f"{arch}.embedding_length"), draft.meta("eagle3.target_hidden_size")
+    return width == wanted, f"target {width}, draft made for {wanted}"
+
+
 def _rule(name: str, ok: bool, detail: str) -> RuleResult:
     return RuleResult(rule=name, ok=ok, detail=detail)

@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 from localspec.engine.events import Prefill, Summary
 from localspec.errors import EngineUnavailableError, LocalspecError
+from localspec.server.metrics import Metrics, prometheus_text
 
 
 @dataclass
@@ -50,9 +51,9 @@ class Job:
     endpoint: str = ""
     cancel: threading.Event = field(default_factory=threading.Event)
     limited: bool = False      # the dialect ended it for an editor limit (n_indent, t_max_predict_ms)
-    urgent: bool = False       # latency-bound (a completion at an editor's cursor): runs between another's rounds
+    urgent: bool = False       # latency-bound (a completion at an editor's cursor): stepped alone, others waiting
     # Several completions of one prompt (llama.cpp's n_cmpl): each one's job (sampling, cancel, limited),
-    # decoded together by the engine (generate_many); this job's own cancel ends them all, and its
+    # decoded together by the engine (submit_group); this job's own cancel ends them all, and its
     # events are (which completion, event).
     group: list["Job"] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
@@ -76,12 +77,10 @@ def _settle(done: asyncio.Future, value: Any, error: BaseException | None) -> No
     else:
         done.set_result(value)
 
-# While an answer is generated, completions run between its rounds in at most this share of the time,
-# after a first burst of this many seconds. Between a chat's answers they run first, so the chat keeps
-# less than the rest: with 0.3 it kept 58-61% of its solo speed on two 2-core EPYCs (AVX2: completions
-# p50 0.9-1.1 s; AVX-512: 0.6 s, p90 1.0-1.9 s), with 0.25 57-71% (median 66%; p50 0.65-0.68 s, p90
-# 1.7-2.5 s), with 0.4 51-55%. Measured: scripts/serve_suite.py --scenarios editor+chat
-# (docs/performance.md, "Completions while a chat streams", "The serving benchmark").
+# While an answer is generated, completions are stepped alone in at most this share of the time, after
+# a first burst of this many seconds; between a chat's answers they go first, so the chat keeps a little
+# less than the rest. The trade (completion latency against the chat's rate) is measured by
+# scripts/serve_suite.py --scenarios editor+chat (docs/performance.md, "Completions while a chat streams").
 URGENT_SHARE = 0.25
 URGENT_BURST_S = 1.0
 # The engine measures its costs again between requests (Engine.maintain) only after this many seconds
@@ -95,38 +94,6 @@ EDITOR_IDLE_S = 600.0
 # Requests that may wait for the engine; beyond it a request is refused at once with 503 (as Ollama's
 # OLLAMA_MAX_QUEUE, 512) rather than held for minutes. Each waiting request holds its parsed body.
 MAX_QUEUED = 256
-
-
-@dataclass
-class Metrics:
-    requests: dict[str, int] = field(default_factory=dict)
-    errors: int = 0
-    cancelled: int = 0
-    prompt_tokens: int = 0
-    prompt_tokens_cached: int = 0
-    prompt_chunks: int = 0  # evaluations of prompts spread over others' steps (beyond one per prompt)
-    generated_tokens: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    rounds: int = 0
-    generation_seconds: float = 0.0
-    last_tokens_per_s: float = 0.0
-    last_speedup: float = 0.0
-
-    def count(self, summary: Summary, prefill: Prefill | None, limited: bool = False) -> None:
-        self.generated_tokens += summary.generated_tokens
-        self.drafted_tokens += summary.drafted
-        self.accepted_tokens += summary.accepted
-        self.rounds += summary.rounds
-        self.generation_seconds += summary.wall_s
-        self.last_tokens_per_s = summary.tokens_per_s
-        self.last_speedup = summary.speedup
-        if summary.stop_reason == "cancelled" and not limited:  # a completion ended by its own limits is not
-            self.cancelled += 1                                  # a cancelled one (llama.cpp: stop_type "limit")
-        if prefill:
-            self.prompt_tokens += prefill.prompt_tokens
-            self.prompt_tokens_cached += prefill.cached
-            self.prompt_chunks += prefill.chunks - 1
 
 
 def _as_served(exc: Exception) -> Exception:
@@ -459,40 +426,6 @@ class Scheduler:
         return send
 
     def prometheus(self, model: str) -> str:
-        m = self.metrics
-        label = f'model="{model}"'
-        lines = [
-            "# HELP localspec_requests_total Requests by endpoint.",
-            "# TYPE localspec_requests_total counter",
-            *[f'localspec_requests_total{{{label},endpoint="{e}"}} {n}' for e, n in sorted(m.requests.items())],
-        ]
-
-        def metric(name: str, kind: str, help_: str, value) -> None:
-            lines.extend([f"# HELP localspec_{name} {help_}", f"# TYPE localspec_{name} {kind}",
-                          f"localspec_{name}{{{label}}} {value}"])
-
-        metric("errors_total", "counter", "Generations that failed.", m.errors)
-        metric("cancelled_total", "counter", "Generations cancelled (the client went away).", m.cancelled)
-        metric("prompt_tokens_total", "counter", "Prompt tokens received.", m.prompt_tokens)
-        metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from the KV cache.", m.prompt_tokens_cached)
-        metric("prompt_chunks_total", "counter", "Extra evaluations of prompts evaluated in chunks within other "
-               "requests' steps (a prompt in 3 chunks counts 2).", m.prompt_chunks)
-        metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens)
-        metric("drafted_tokens_total", "counter", "Draft tokens proposed.", m.drafted_tokens)
-        metric("accepted_tokens_total", "counter", "Draft tokens the target accepted.", m.accepted_tokens)
-        metric("rounds_total", "counter", "Draft/verify rounds.", m.rounds)
-        metric("generation_seconds_total", "counter", "Time spent generating.", round(m.generation_seconds, 6))
-        metric("tokens_per_second", "gauge", "Throughput of the last generation.", round(m.last_tokens_per_s, 3))
-        metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
-        metric("queue_depth", "gauge", "Requests running or waiting.", self.waiting)
-        metric("requests_running", "gauge", "Requests generating now (an editor's completion runs between a chat's "
-               "rounds).", self.running)
-        metric("interjected_total", "counter", "Completions run between the rounds of another generation.",
-               self.interjected)
-        metric("joined_total", "counter", "Requests that joined another's generation (decoded in the same steps).",
-               self.joined)
-        lines += ["# HELP localspec_slot_tokens Tokens held in each KV slot (what a request with that prefix reuses).",
-                  "# TYPE localspec_slot_tokens gauge",
-                  *[f'localspec_slot_tokens{{{label},slot="{i}"}} {n}'
-                    for i, n in enumerate(self.engine.slot_tokens())]]
-        return "\n".join(lines) + "\n"
+        return prometheus_text(self.metrics, model, queue_depth=self.waiting, running=self.running,
+                               interjected=self.interjected, joined=self.joined,
+                               slot_tokens=self.engine.slot_tokens())

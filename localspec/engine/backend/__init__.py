@@ -5,11 +5,11 @@ prompt token (a full output-layer pass each, 152k columns for Qwen), and it hide
 need to roll back. Here each `decode` asks for logits only at the positions the caller names.
 
 `system`: the process-wide side (log, start, what the build supports, devices, the RPC server);
-`llama`: models, vocabularies, quantizing.
+`gguf`: loading a file, its tokenizer and metadata; `llama`: models with their contexts, quantizing.
 """
 
-from localspec.engine.backend.llama import (MAX_LOGITS_PER_CALL, ROLLBACK_ARCHITECTURES, Model, ModelOptions, Vocab,
-                                            VocabFile, quantize)
+from localspec.engine.backend.gguf import ROLLBACK_ARCHITECTURES, Vocab, VocabFile
+from localspec.engine.backend.llama import MAX_LOGITS_PER_CALL, Model, ModelOptions, quantize
 from localspec.engine.backend.system import (Device, bindings_version, build_id, devices, init, rpc_devices,
                                              serve_rpc, supports_gpu_offload, supports_rpc, system_info)
 

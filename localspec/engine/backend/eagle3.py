@@ -19,7 +19,8 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.llama import Model, _load_model, _Metadata
+from localspec.engine.backend.gguf import _load_model, _Metadata
+from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError

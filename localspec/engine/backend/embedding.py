@@ -20,7 +20,8 @@ from typing import Iterator
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.llama import Model, ModelOptions, Vocab, _load_model, _Metadata, free_context
+from localspec.engine.backend.gguf import Vocab, _load_model, _Metadata
+from localspec.engine.backend.llama import Model, ModelOptions, free_context
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError
 
