@@ -173,6 +173,7 @@ def replay(data: dict, trees: float | None = None) -> dict[str, list[float]]:
         planner = drafting.planner(item["prompt"], "auto")
         truth = truth_of(data, item)
         context, seconds = list(item["prompt"]), 0.0
+        planner.remaining = lambda: len(truth) - (len(context) - len(item["prompt"]))  # (as its answer counts)
         while len(context) - len(item["prompt"]) < len(truth):
             at = len(context) - len(item["prompt"])
             draft = planner.draft(context, 10**6, None)

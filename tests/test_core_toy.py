@@ -84,3 +84,21 @@ def test_a_step_of_some_lanes_leaves_the_others_waiting_and_unchanged():
         core.step()
     assert answer_tokens(waiting) == _solo(CHAT, GREEDY, 30)
     assert any(isinstance(e, Round) and e.accepted for e in waiting + urgent)  # drafts were kept on the way
+
+
+def test_an_answers_time_excludes_its_prompt_evaluated_within_the_steps():
+    """Summary.wall_s (and so tokens/s) is generation only: a long prompt evaluated in the first steps
+    counts in prompt_s, not in the answer's time."""
+    import time
+
+    class PerToken(ToyModel):
+        def decode(self, tokens, start, logits_for, seq=0):
+            time.sleep(0.0005 * len(tokens))
+            return super().decode(tokens, start, logits_for, seq)
+
+    engine = Engine(PerToken(seed=3, n_ctx=2048), None, EngineOptions(drafter="none", learn_costs=False),
+                    cost=CostModel(dict(COST)))
+    prompt = [0] + [5 + i % 40 for i in range(999)]
+    summary = list(engine.generate(prompt, max_tokens=4))[-1]
+    assert isinstance(summary, Summary) and summary.generated_tokens == 4
+    assert summary.prompt_s >= 0.4 and summary.wall_s < summary.prompt_s / 4

@@ -317,7 +317,7 @@ def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
     turn = planner.turn("model")
     assert turn.behind(context) == len(context)
     assert not turn.catch_up_pays(context, rate, planner.plan)
-    planner.budget = 10_000
+    planner.remaining = lambda: 10_000
     assert turn.catch_up_pays(context, rate, planner.plan)
 
 

@@ -28,7 +28,7 @@ class Answer:
         """One round that took `seconds` at `context_len`; `priced`: its time is not a plain round's
         (it drafted, or shared a step with other sequences), so the speedup prices its tokens at plain
         decoding's measured cost. Returns the event and why the answer ends here, if it does."""
-        kept, ended = self._within_budget(step, self.max_tokens - self.tally.generated)
+        kept, ended = self._within_budget(step, self.remaining())
         speedup = self.meter.add(context_len, seconds, len(kept), priced)
         event = self._round(step, kept, ended, self.tally.rounds, seconds, speedup)
         ended = ended or ("stop" if self.stream.stopped else None)
@@ -36,6 +36,10 @@ class Answer:
         if not self.first_token_s and event.emitted:
             self.first_token_s = time.perf_counter() - self.started
         return event, ended
+
+    def remaining(self) -> int:
+        """Tokens this answer may still have (its request's budget: the one count of it)."""
+        return max(self.max_tokens - self.tally.generated, 0)
 
     def finish(self, stop_reason: str, prefill: Prefill, wall_s: float, estimate_tokens_per_s: float,
                drafter: str, kv_tokens: int) -> list[Round | Summary]:

@@ -86,6 +86,8 @@ class Core:
             raise
         lane = self._lane(request, time.perf_counter(), deliver, everyone, cached)
         lane.planner, lane.follows, lane.iterated = planner, follows, iterated
+        if planner is not None:
+            planner.remaining = lane.answer.remaining  # the budget is counted by the answer alone
         self.lanes.append(lane)
         if follows is None and lane.prompt_in:
             self._prompt_in(lane, lane.prefilled())
@@ -164,7 +166,8 @@ class Core:
             if lane.prompt_in:
                 shared = lead.prefill or lead.prefilled()
                 lane.prefill = Prefill(prompt_tokens=shared.prompt_tokens, evaluated=0, cached=shared.prompt_tokens,
-                                       seconds=shared.seconds)
+                                       seconds=time.perf_counter() - lane.started)
+                lane.waited_at_prompt = lane.request.waited_s
                 self._send(lane, lane.prefill)
             else:
                 lane.cached = len(lane.kv.tokens)

@@ -99,7 +99,8 @@ class Lane:
     # consumed, not when the core retires it: its consumer still sees its slot held while it reads
     # the last round (the server's scheduler admits waiting requests by the slots free then).
     iterated: bool = False
-    started: float = field(default_factory=time.perf_counter)  # its wall time counts from here
+    started: float = field(default_factory=time.perf_counter)  # its time to first token counts from here
+    waited_at_prompt: float = 0.0  # its request's waited_s when its prompt came in (its answer's time starts)
     ended: str | None = None
     failure: Exception | None = None  # its own evaluation failed (`step_together`): it ends with this error
 
@@ -117,7 +118,9 @@ class Lane:
         opening: list[Event] = [] if self.prefill is not None else [self.prefilled()]
         prefill = self.prefill
         assert prefill is not None
-        wall = time.perf_counter() - self.started - self.request.waited_s
+        # Generation only: from when its prompt was in, less the steps that left it out since.
+        wall = (time.perf_counter() - self.started - prefill.seconds
+                - (self.request.waited_s - self.waited_at_prompt))
         return opening + list(self.answer.finish(self.ended or "cancelled", prefill, wall,
                                                  estimate_tokens_per_s, self.request.label, len(self.kv.tokens)))
 
@@ -135,6 +138,7 @@ class Lane:
         """Its Prefill, once its prompt is in or it ended before (evaluated: as alone, its last token too,
         which its first step evaluates)."""
         evaluated = len(self.kv.tokens) + self.prompt_in - self.cached
+        self.waited_at_prompt = self.request.waited_s
         self.prefill = Prefill(prompt_tokens=len(self.request.prompt), evaluated=evaluated,
                                cached=self.cached, seconds=time.perf_counter() - self.started,
                                chunks=max(self.chunks, 1))

@@ -255,7 +255,9 @@ class Planner:
         self.base = plan
         self.turns = turns
         self.prompt = prompt
-        self.budget = plan.budget  # answer tokens the request may still produce
+        # Answer tokens the request may still produce: its answer counts them (Core.add binds
+        # Answer.remaining); a planner outside the core prices by its plan's whole budget.
+        self.remaining: Callable[[], int] = lambda: plan.budget
 
     @property
     def mode(self) -> str:
@@ -268,6 +270,10 @@ class Planner:
     @property
     def cost(self) -> CostModel:
         return self.drafting.cost
+
+    @property
+    def budget(self) -> int:
+        return self.remaining()
 
     @property
     def plan(self) -> Plan:
@@ -363,7 +369,6 @@ class Planner:
                 learn_cost: bool = True) -> None:
         """How the round went; `learn_cost` False for a step shared with other requests (its time is
         not what `batch_n` positions of one sequence cost)."""
-        self.budget = max(self.budget - accepted - 1, 0)
         if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
