@@ -102,3 +102,27 @@ def test_an_answers_time_excludes_its_prompt_evaluated_within_the_steps():
     summary = list(engine.generate(prompt, max_tokens=4))[-1]
     assert isinstance(summary, Summary) and summary.generated_tokens == 4
     assert summary.prompt_s >= 0.4 and summary.wall_s < summary.prompt_s / 4
+
+
+def test_a_generation_refused_or_closed_early_leaves_the_requests_beside_it_running():
+    """A request this thread submitted goes on whatever happens to a generation beside it: one refused
+    (no slot free) touches nothing, one whose consumer stops early lets go of its own lane only."""
+    import pytest
+
+    from localspec.errors import LocalspecError
+
+    engine = _engine(slots=2)
+    guest: list = []
+    main = engine.generate(CHAT, max_tokens=30)
+    next(main)  # its Prefill
+    engine.submit(OTHER, guest.append, max_tokens=12)
+    with pytest.raises(LocalspecError, match="No KV slot"):
+        next(engine.generate(LONG, max_tokens=3))
+    for _ in range(3):
+        next(main)
+    main.close()  # its consumer went away
+    while engine.step():
+        pass
+    assert answer_tokens(guest) == _solo(OTHER, GREEDY, 12) and isinstance(guest[-1], Summary)
+    assert engine.free_slots() == 2
+    assert answer_tokens(list(engine.generate(CHAT, max_tokens=5))) == _solo(CHAT, GREEDY, 5)  # free again

@@ -107,20 +107,25 @@ class Core:
 
     def stream(self, request: Request, planner: Callable[[Request], Planner]) -> Iterator[Event]:
         """The request's events as an iterator: it is added, and every lane stepped until it ends. Where
-        the step fails for every lane, the others are let go too (the caller tells their clients)."""
+        a step fails for every lane, the others are let go too (the caller tells their clients); a
+        consumer that stops early leaves them running."""
         inbox = Inbox()
-        lane = None
         try:
             lane = self.add(request, planner(request), inbox, iterated=True)
+        except BaseException:
+            request.close()  # (no slot, or a refused prompt: nothing else touched)
+            raise
+        try:
             yield from self.events([lane], inbox)
+        except GeneratorExit:
+            raise
         except BaseException:
             if inbox.failure is None:  # (its own evaluation failed: the others go on)
                 self.drop()
             raise
         finally:
             request.close()
-            if lane is not None:
-                self.remove(lane)
+            self.remove(lane)
 
     def stream_many(self, requests: list[Request], planner: Callable[[Request], Planner],
                     everyone: threading.Event) -> Iterator[tuple[int, Event]]:
