@@ -10,7 +10,7 @@ import pytest
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
-from localspec.engine.events import Summary, answer_tokens
+from localspec.engine.events import Prefill, Summary, answer_tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.server.scheduler import Job, Scheduler
 from test_engine_toy import COST, _plain
@@ -388,3 +388,33 @@ def test_one_requests_failed_evaluation_never_ends_the_answer_decoded_beside_it(
         assert isinstance(host, LocalspecError) and answer_tokens(guest) == _plain(OTHER_CHAT, 60)
     assert answer_tokens(after) == _plain(COMPLETION, 8) and scheduler.metrics.errors == 1
     assert scheduler.engine.free_slots() == 4 and scheduler.waiting == 0
+
+
+def test_events_cross_to_the_loop_without_the_engine_thread_waking_it():
+    """The engine's thread leaves a request's events in its box (a wake-up per event let the event loop
+    take the GIL between two decodes, and the next decode waited for the loop's work); the loop's pump
+    collects them while requests are in flight, in order, and stops once none is."""
+    import threading
+
+    scheduler = _scheduler()
+    woken: list = []
+
+    async def scenario() -> list:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+
+        def counted(*args, **kwargs):
+            if threading.current_thread().name == "localspec-engine":
+                woken.append(args)
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        return [event async for event in scheduler.generate(Job(CHAT, 40, SamplingSettings()))]
+
+    try:
+        events = asyncio.run(scenario())
+    finally:
+        scheduler.close()
+    assert isinstance(events[0], Prefill) and isinstance(events[-1], Summary)
+    assert answer_tokens(events) == _plain(CHAT, 40)
+    assert not woken and not scheduler._handoff.pumping

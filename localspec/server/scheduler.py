@@ -3,7 +3,7 @@
 
 One thread owns the engine. Each turn of its loop admits what the policy lets in, takes one step of
 the requests in the engine, and one step of a `call`. A request's events cross to the event loop
-through an asyncio queue; a client that goes away sets the request's cancel event, and its request
+(server/handoff.py); a client that goes away sets the request's cancel event, and its request
 ends at the next step. Requests that share a prompt prefix (an editor completing in one file, a
 chat's next turn) reuse the KV cache the engine keeps in its slots.
 
@@ -37,10 +37,11 @@ from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 from localspec.engine.events import Prefill, Summary
 from localspec.errors import EngineUnavailableError, LocalspecError
+from localspec.server.handoff import Handoff
 from localspec.server.metrics import Metrics, prometheus_text
 
 
-@dataclass
+@dataclass(eq=False)  # (one object per request: compared and hashed by identity)
 class Job:
     tokens: list[int]
     max_tokens: int
@@ -58,6 +59,7 @@ class Job:
     group: list["Job"] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
+    box: collections.deque = field(default_factory=collections.deque)  # its events (server/handoff.py)
 
 
 class _Failed:
@@ -150,6 +152,7 @@ class Scheduler:
         self._allowance_at = clock()
         self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
+        self._handoff = Handoff()  # (event-loop side) events from this thread to the clients' loops
         engine.queued = self._queued  # shared steps price drafts by whether requests wait for a slot
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
@@ -178,6 +181,7 @@ class Scheduler:
                 self._editor_at = self._clock()
             (self._urgent if job.urgent and self.interject else self._jobs).append(job)
             self._changed.notify()
+        self._handoff.watch(job)
         finished = False
         try:
             while True:
@@ -190,6 +194,7 @@ class Scheduler:
                     raise item.error
                 yield item
         finally:
+            self._handoff.forget(job)
             if not finished:
                 job.cancel.set()
 
@@ -415,15 +420,8 @@ class Scheduler:
             print(f"Between requests ({self._clock() - started:.1f} s): {done}", file=sys.stderr, flush=True)
 
     @staticmethod
-    def _sender(job: Job):
-        loop, events = job.loop, job.events
-        assert loop is not None and events is not None  # set by generate() before the job is queued
-        put = events.put_nowait
-
-        def send(item) -> None:
-            loop.call_soon_threadsafe(put, item)
-
-        return send
+    def _sender(job: Job) -> Callable[[Any], None]:
+        return job.box.append  # (thread-safe; server/handoff.py takes it to the loop)
 
     def prometheus(self, model: str) -> str:
         return prometheus_text(self.metrics, model, queue_depth=self.waiting, running=self.running,
