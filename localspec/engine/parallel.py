@@ -7,11 +7,11 @@ sampled: the same draws), and one that ends (or is cancelled) leaves the next st
 one prompt (llama.cpp's `n_cmpl`, OpenAI's `n`) share its evaluation: it is evaluated once into one
 slot and copied to the others.
 
-A prompt still to be evaluated (a request that joined while others decode) is evaluated in chunks
-within the shared steps: each step holds the others' pending tokens and at most `chunk(rows)` of the
-oldest unfinished prompt (the engine sizes it by the calibrated costs), so a long prompt slows the
-running streams instead of freezing them for all its evaluation. A prompt's last token is evaluated as
-its first step's pending token, as alone (the first round evaluates it).
+Every prompt is evaluated in chunks within the steps: each step holds the others' pending tokens and
+at most `chunk(rows)` of the oldest unfinished prompt (the engine sizes it by the calibrated costs;
+alone, PROMPT_CHUNK), so a long prompt slows the running streams instead of freezing them for all its
+evaluation. A prompt's last token is evaluated as its first step's pending token, as alone (the first
+round evaluates it).
 
 A lane with a planner (not the completions of one prompt, which draw as single requests with their
 seeds would) drafts in the shared steps too: each offers its lookups' best proposal (a copy, the
