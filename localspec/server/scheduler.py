@@ -308,10 +308,6 @@ class Scheduler:
             self._submit(job)
             if job.group:
                 return
-        if self._urgent and not self._active:  # (queued beside jobs when completions do not interject)
-            with self._changed:
-                job = self._urgent.popleft()
-            self._submit(job)
 
     def _urgent_may_run(self) -> bool:
         if not self._active:
