@@ -170,11 +170,8 @@ class Engine:
         drafts copies and the history only: the draft model's sequences stay as the others left them.
         Raises LocalspecError for a request the engine refuses, or when no slot is free."""
         request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
-        self.ownership.hold(bool(self.core))
-        try:
+        with self.ownership.holding(self.core.__bool__, [request]):
             return self.core.add(request, self._planner(request, self._side if urgent else self.drafting), deliver)
-        finally:
-            self.ownership.let_go(bool(self.core))
 
     def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
                      deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
@@ -187,11 +184,8 @@ class Engine:
             for request in requests:
                 request.close()
             raise LocalspecError("No KV slot is free for another request.")
-        self.ownership.hold(bool(self.core))
-        try:
+        with self.ownership.holding(self.core.__bool__, requests):
             return self.core.add_group(requests, self._planner, deliver, cancel or threading.Event())
-        finally:
-            self.ownership.let_go(bool(self.core))
 
     def step(self, only: Sequence[Lane] | None = None) -> bool:
         """One step of the core (`only` those lanes, else every one); False once none is left (the engine
@@ -206,14 +200,13 @@ class Engine:
         return bool(self.core)
 
     def _held(self, events: Iterator, requests: Sequence[Request] = ()) -> Iterator:
-        """`events` consumed while this thread holds the engine."""
+        """`events` consumed while this thread holds the engine; `requests` closed after."""
         try:
-            self.ownership.hold(bool(self.core))
-            yield from events
+            with self.ownership.holding(self.core.__bool__):
+                yield from events
         finally:
             for request in requests:
                 request.close()
-            self.ownership.let_go(bool(self.core))
 
     def _requests(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], max_tokens: int,
                   stop: Sequence[str], drafter: str | None,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator, Interrupted
+from localspec.engine.request import Request
 from localspec.errors import LocalspecError
 
 
@@ -46,6 +47,21 @@ class Ownership:
         if not busy and self._owner == threading.get_ident():
             self._owner = None
             self._lock.release()
+
+    @contextlib.contextmanager
+    def holding(self, busy: Callable[[], bool], requests: Sequence[Request] = ()) -> Iterator[None]:
+        """This thread's requests hold it meanwhile, and it is free again after if none is left (`busy`:
+        whether any is); `requests` are closed when another thread holds it."""
+        try:
+            self.hold(busy())
+        except BaseException:
+            for request in requests:
+                request.close()
+            raise
+        try:
+            yield
+        finally:
+            self.let_go(busy())
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[bool]:
