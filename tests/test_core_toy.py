@@ -9,7 +9,7 @@ from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary, answer_tokens
 from localspec.engine.request import check
 from localspec.engine.sampling import SamplingSettings
-from toy import ToyModel
+from toy import ToyModel, submit_one
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
 CHAT = [0, 20, 21, 22, 23, 20, 21]
@@ -115,7 +115,7 @@ def test_a_generation_refused_or_closed_early_leaves_the_requests_beside_it_runn
     guest: list = []
     main = engine.generate(CHAT, max_tokens=30)
     next(main)  # its Prefill
-    engine.submit(OTHER, guest.append, max_tokens=12)
+    submit_one(engine, OTHER, guest.append, max_tokens=12)
     with pytest.raises(LocalspecError, match="No KV slot"):
         next(engine.generate(LONG, max_tokens=3))
     for _ in range(3):

@@ -12,7 +12,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
-from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyHead, ToyModel, exact_two_tokens, step_until_done
+from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyHead, ToyModel, exact_two_tokens, step_until_done, submit_one
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -826,7 +826,7 @@ def test_an_urgent_request_stepped_alone_between_rounds_leaves_the_waiting_gener
         if isinstance(event, Round) and rounds in (1, 3, 4) and completions:
             held, draft_held = list(target.seqs[0]), list(draft.seqs[0])
             prompt, answer = completions.pop(0), []
-            step_until_done(engine, [engine.submit(prompt, answer.append, max_tokens=12, urgent=True)])
+            step_until_done(engine, [submit_one(engine, prompt, answer.append, max_tokens=12, urgent=True)])
             assert _tokens(answer) == _plain(prompt, 12)
             assert isinstance(answer[0], Prefill) and answer[0].prompt_tokens == len(prompt)
             assert target.seqs[0] == held and draft.seqs[0] == draft_held
@@ -875,10 +875,10 @@ def test_a_request_submitted_beside_a_generation_needs_a_free_slot_and_the_ownin
     main = engine.generate([0, 5, 9, 11], max_tokens=30)
     next(main)  # the Prefill: the generation waits between rounds
     inner_events: list = []
-    inner = engine.submit([0, 7, 8], inner_events.append, max_tokens=8, urgent=True)
+    inner = submit_one(engine, [0, 7, 8], inner_events.append, max_tokens=8, urgent=True)
     engine.step(only=[inner])
     with pytest.raises(LocalspecError, match="No KV slot"):
-        engine.submit([0, 6], lambda _e: None, max_tokens=3)  # both slots are taken
+        submit_one(engine, [0, 6], lambda _e: None, max_tokens=3)  # both slots are taken
     refused: list[Exception] = []
     other = threading.Thread(target=lambda: _refused(lambda: next(engine.generate([0, 6], max_tokens=2)), refused))
     other.start()

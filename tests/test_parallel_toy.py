@@ -11,10 +11,11 @@ from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens
+from localspec.engine.params import GenerationParams
 from localspec.engine.sampling import SamplingSettings
 from localspec.engine.parallel import LEAST_CHUNK, STEP_S, prompt_chunk
 from localspec.errors import LocalspecError
-from toy import ToyModel, step_until_done
+from toy import ToyModel, step_until_done, submit_one
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
 PROMPT = [0, 5, 9, 11, 13, 5, 9]
@@ -107,7 +108,7 @@ def test_a_group_interjected_between_rounds_leaves_the_waiting_generation_exact(
             held = list(target.seqs[0])
             busy = []
             group: list = []
-            lanes = engine.submit_group(PROMPT, SAMPLED[:2], lambda i: lambda e: group.append((i, e)), max_tokens=8)
+            lanes = engine.submit(PROMPT, GenerationParams(8, SAMPLED[:2]), group.append)
             while any(lane is held for lane in lanes for held in engine.core.lanes):
                 engine.step(only=lanes)
                 busy.append(engine.slots_busy())
@@ -144,7 +145,7 @@ def _joined_at_first_round(engine, host_prompt, host_tokens, guest_prompt, guest
     for event in engine.generate(host_prompt, max_tokens=host_tokens):
         host.append(event)
         if isinstance(event, Round) and event.index == 0:
-            engine.submit(guest_prompt, guest.append, max_tokens=guest_tokens)
+            submit_one(engine, guest_prompt, guest.append, max_tokens=guest_tokens)
     while engine.step():
         pass
     return host, guest
@@ -162,9 +163,9 @@ def test_requests_that_join_a_generation_share_its_steps_and_every_answer_is_its
         host.append(event)
         rounds = sum(isinstance(e, Round) for e in host)
         if isinstance(event, Round) and rounds == 2:
-            engine.submit(PROMPT, guests["greedy"].append, max_tokens=30)
+            submit_one(engine, PROMPT, guests["greedy"].append, max_tokens=30)
         if isinstance(event, Round) and rounds == 5:
-            engine.submit(OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
+            submit_one(engine, OTHER, guests["sampled"].append, max_tokens=12, sampling=SAMPLED[0])
     while engine.step():
         pass
     alone, _ = _host_engine(slots=1)
@@ -188,8 +189,8 @@ def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_gues
     stop_second = threading.Event()
     for event in engine.generate(CHAT, max_tokens=3):
         if isinstance(event, Round) and event.index == 0:
-            engine.submit(PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1], drafter="none")  # (same draws)
-            engine.submit(OTHER, second.append, max_tokens=20, cancel=stop_second)
+            submit_one(engine, PROMPT, first.append, max_tokens=20, sampling=SAMPLED[1], drafter="none")  # (same draws)
+            submit_one(engine, OTHER, second.append, max_tokens=20, cancel=stop_second)
     assert engine.free_slots() == 1
     refused: list = []
 
@@ -207,7 +208,7 @@ def test_guests_go_on_after_the_generation_they_joined_ends_and_a_cancelled_gues
     while engine.step():
         steps += 1
         if steps == 2:
-            engine.submit(CHAT, third.append, max_tokens=6)  # joins between two of the guests' own steps
+            submit_one(engine, CHAT, third.append, max_tokens=6)  # joins between two of the guests' own steps
         if steps == 4:
             stop_second.set()
     assert second[-1].stop_reason == "cancelled" and second[-1].generated_tokens < 20
@@ -226,7 +227,7 @@ def test_the_last_guest_left_drafts_on_its_own_sequence_and_its_answer_is_unchan
     guest: list = []
     for event in engine.generate(CHAT, max_tokens=3):
         if isinstance(event, Round) and event.index == 0:
-            engine.submit(PROMPT, guest.append, max_tokens=40, drafter=drafter)
+            submit_one(engine, PROMPT, guest.append, max_tokens=40, drafter=drafter)
     shared = len(target.steps)
     while engine.step():
         pass
@@ -245,15 +246,15 @@ def test_requests_submitted_beside_a_generation_take_free_slots_and_one_stepped_
     main = engine.generate(CHAT, max_tokens=30)
     next(main)  # the Prefill: the generation waits between two rounds
     guest, later, completion = [], [], []
-    engine.submit(PROMPT, guest.append, max_tokens=25)
+    submit_one(engine, PROMPT, guest.append, max_tokens=25)
     held = list(target.seqs[1])  # the guest's slot (the generation holds slot 0)
-    step_until_done(engine, [engine.submit(OTHER, completion.append, max_tokens=6, urgent=True)])
+    step_until_done(engine, [submit_one(engine, OTHER, completion.append, max_tokens=6, urgent=True)])
     assert answer_tokens(completion) == _solo(OTHER, GREEDY[0], 6)
     assert target.seqs[1] == held  # the urgent one took the third slot, not the guest's
-    engine.submit(OTHER, later.append, max_tokens=8)
+    submit_one(engine, OTHER, later.append, max_tokens=8)
     assert engine.free_slots() == 0
     with pytest.raises(LocalspecError, match="No KV slot"):
-        engine.submit(CHAT, lambda _e: None)
+        submit_one(engine, CHAT, lambda _e: None)
     rest = list(main)
     while engine.step():
         pass
@@ -267,16 +268,15 @@ def test_completions_stepped_beside_a_guest_take_only_free_slots():
     main = engine.generate(CHAT, max_tokens=20)
     next(main)
     guest = []
-    engine.submit(OTHER, guest.append, max_tokens=15)
+    submit_one(engine, OTHER, guest.append, max_tokens=15)
     guest_slot = next(i for i, busy in enumerate(engine.slots_busy()) if busy and i != 0)
     held = list(target.seqs[guest_slot])
     with pytest.raises(LocalspecError, match="No KV slot"):
-        engine.submit_group(PROMPT, SAMPLED, lambda i: lambda e: None, max_tokens=6)  # three, two slots free
+        engine.submit(PROMPT, GenerationParams(6, SAMPLED), lambda e: None)  # three, two slots free
     group: list = []
+    params = GenerationParams(6, SAMPLED, drafter="none")
     for first in (0, 2):  # two at a time, as the scheduler submits them
-        step_until_done(engine, engine.submit_group(PROMPT, SAMPLED[first:first + 2],
-                                                    lambda i, f=first: lambda e: group.append((f + i, e)),
-                                                    max_tokens=6, drafter="none"))
+        step_until_done(engine, engine.submit(PROMPT, params, group.append, sequences=range(first, min(first + 2, 3))))
     assert target.seqs[guest_slot] == held  # never the guest's
     assert [answer_tokens(a) for a in _by_completion(group, 3)] == [_solo(PROMPT, s, 6) for s in SAMPLED]
     rest = list(main)
@@ -298,7 +298,7 @@ def test_a_long_joining_prompt_is_evaluated_in_chunks_while_the_generation_goes_
     for event in engine.generate(CHAT, max_tokens=30):
         host.append(event)
         if isinstance(event, Round) and event.index == 1:
-            engine.submit(LONG, guest.append, max_tokens=10)
+            submit_one(engine, LONG, guest.append, max_tokens=10)
             joined_at = len(target.steps)
     while engine.step():
         pass
@@ -325,7 +325,7 @@ def test_a_guest_cancelled_while_its_prompt_is_evaluated_ends_and_frees_its_slot
     guest, stop = [], threading.Event()
     for event in engine.generate(CHAT, max_tokens=20):
         if isinstance(event, Round) and event.index == 1:
-            engine.submit(LONG, guest.append, max_tokens=10, cancel=stop)
+            submit_one(engine, LONG, guest.append, max_tokens=10, cancel=stop)
         if isinstance(event, Round) and event.index == 3:
             stop.set()  # after two of its chunks
     while engine.step():
@@ -355,7 +355,7 @@ def test_a_prompt_sharing_a_prefix_with_another_slot_copies_it_instead_of_evalua
     guest = []
     for event in engine.generate(first, max_tokens=12):
         if isinstance(event, Round) and event.index == 0:
-            engine.submit(second, guest.append, max_tokens=10)
+            submit_one(engine, second, guest.append, max_tokens=10)
     while engine.step():
         pass
     assert isinstance(guest[0], Prefill) and guest[0].cached == 40 and guest[0].evaluated == 2
@@ -373,8 +373,8 @@ def test_joining_prompts_are_evaluated_oldest_first_within_each_steps_budget():
     first, second = [], []
     for event in engine.generate(CHAT, max_tokens=30):
         if isinstance(event, Round) and event.index == 1:
-            engine.submit(LONG, first.append, max_tokens=6)
-            engine.submit(other, second.append, max_tokens=6)
+            submit_one(engine, LONG, first.append, max_tokens=6)
+            submit_one(engine, other, second.append, max_tokens=6)
             joined_at = len(target.steps)
     while engine.step():
         pass
@@ -447,8 +447,8 @@ def test_drafts_of_different_lengths_in_one_step_are_each_settled_as_alone():
     for event in engine.generate(host_prompt, max_tokens=24):
         host.append(event)
         if isinstance(event, Round) and event.index == 0:
-            engine.submit(guest_prompt, guest.append, max_tokens=20)
-            engine.submit(third, cancelled.append, max_tokens=20, cancel=stop)
+            submit_one(engine, guest_prompt, guest.append, max_tokens=20)
+            submit_one(engine, third, cancelled.append, max_tokens=20, cancel=stop)
         if isinstance(event, Round) and event.index == 3:
             stop.set()
     while engine.step():
@@ -602,7 +602,7 @@ def test_forced_draft_lengths_in_a_shared_step_stay_within_one_decodes_logits():
         answers[0].append(event)
         if isinstance(event, Round) and event.index == 0:
             for events, prompt in zip(answers[1:], prompts[1:]):
-                engine.submit(prompt, events.append, max_tokens=80)
+                submit_one(engine, prompt, events.append, max_tokens=80)
     while engine.step():
         pass
     assert [answer_tokens(a) for a in answers] == [truths[p[1]] for p in prompts]

@@ -11,7 +11,7 @@ import pytest
 from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Summary, answer_tokens
-from localspec.engine.sampling import SamplingSettings
+from localspec.engine.params import GenerationParams
 from localspec.server.scheduler import Job, Scheduler
 from test_engine_toy import COST, _plain
 from toy import ToyModel
@@ -47,7 +47,7 @@ def _scheduler(interject: bool = True) -> Scheduler:
 
 
 async def _run(scheduler: Scheduler, job: Job, finished: list[str], name: str) -> list:
-    events = [event async for event in scheduler.generate(job)]
+    events = [event async for _seq, event in scheduler.generate(job)]
     assert isinstance(events[-1], Summary)
     finished.append(name)
     return events
@@ -55,11 +55,11 @@ async def _run(scheduler: Scheduler, job: Job, finished: list[str], name: str) -
 
 async def _chat_then_completion(scheduler: Scheduler) -> tuple[list, list, list[str]]:
     finished: list[str] = []
-    chat = asyncio.create_task(_run(scheduler, Job(CHAT, 200, SamplingSettings(), endpoint="chat"), finished, "chat"))
+    chat = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(200), endpoint="chat"), finished, "chat"))
     while not scheduler.running:  # the chat is generating
         await asyncio.sleep(0.001)
     await asyncio.sleep(0.02)
-    completion = await _run(scheduler, Job(COMPLETION, 12, SamplingSettings(), endpoint="infill", urgent=True),
+    completion = await _run(scheduler, Job(COMPLETION, GenerationParams(12), endpoint="infill", urgent=True),
                             finished, "completion")
     assert scheduler.waiting <= 1  # the chat, if it still runs (the completion's wake-up is not a request)
     return await chat, completion, finished
@@ -88,12 +88,12 @@ COMPLETIONS = [[0, 20, 21, 22, 23, 20, 21], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17, 3
 
 async def _chat_with_many_completions(scheduler: Scheduler) -> tuple[list, list[list], list[str]]:
     finished: list[str] = []
-    chat = asyncio.create_task(_run(scheduler, Job(CHAT, 200, SamplingSettings(), drafter="none", endpoint="chat"),
+    chat = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(200, drafter="none"), endpoint="chat"),
                                     finished, "chat"))  # (plain: a round per token, a long answer)
     while not scheduler.running:
         await asyncio.sleep(0.001)
     completions = await asyncio.gather(*[
-        _run(scheduler, Job(prompt, 12, SamplingSettings(), drafter="none", endpoint="infill", urgent=True),
+        _run(scheduler, Job(prompt, GenerationParams(12, drafter="none"), endpoint="infill", urgent=True),
              finished, f"completion {i}") for i, prompt in enumerate(COMPLETIONS)])
     return await chat, completions, finished
 
@@ -138,7 +138,7 @@ async def _two_chats(scheduler: Scheduler) -> tuple[list, list, list[str], dict[
 
     async def chat(name: str, prompt: list[int], tokens: int) -> list:
         events = []
-        async for event in scheduler.generate(Job(prompt, tokens, SamplingSettings(), endpoint="chat")):
+        async for _seq, event in scheduler.generate(Job(prompt, GenerationParams(tokens), endpoint="chat")):
             events.append(event)
             if name not in first_token and answer_tokens(events):
                 first_token[name] = scheduler.engine.target.clock
@@ -183,7 +183,7 @@ def test_a_slot_is_kept_for_completions_only_while_an_editor_is_around(editor):
     scheduler = _four_slot_scheduler(slots=2)
     try:
         if editor:
-            completion = Job(COMPLETION, 4, SamplingSettings(), endpoint="infill", urgent=True)
+            completion = Job(COMPLETION, GenerationParams(4), endpoint="infill", urgent=True)
             asyncio.run(_run(scheduler, completion, [], "completion"))
         first, second, finished, _first_token = asyncio.run(_two_chats(scheduler))
     finally:
@@ -201,10 +201,10 @@ def test_chats_waiting_together_all_join_at_the_next_round():
     scheduler = _four_slot_scheduler()
 
     async def four() -> list[list]:
-        first = asyncio.create_task(_run(scheduler, Job(CHAT, 120, SamplingSettings(), endpoint="chat"), [], "0"))
+        first = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(120), endpoint="chat"), [], "0"))
         while not scheduler.running:
             await asyncio.sleep(0.001)
-        others = [asyncio.create_task(_run(scheduler, Job(p, 20, SamplingSettings(), endpoint="chat"), [], str(i)))
+        others = [asyncio.create_task(_run(scheduler, Job(p, GenerationParams(20), endpoint="chat"), [], str(i)))
                   for i, p in enumerate((OTHER_CHAT, COMPLETION, CHAT[:5]), 1)]
         return [await first] + [await task for task in others]
 
@@ -231,7 +231,7 @@ def test_the_engine_measures_its_costs_again_only_once_requests_have_paused(monk
     scheduler = Scheduler(engine)
 
     async def one() -> None:
-        events = [event async for event in scheduler.generate(Job([1, 2, 3], 2, SamplingSettings()))]
+        events = [event async for _seq, event in scheduler.generate(Job([1, 2, 3], GenerationParams(2)))]
         assert isinstance(events[-1], Summary)
 
     async def requests() -> None:
@@ -269,7 +269,7 @@ def test_work_called_on_the_engine_thread_runs_a_step_between_two_rounds_of_a_ge
 
     async def scenario():
         finished: list[str] = []
-        chat = asyncio.create_task(_run(scheduler, Job(CHAT, 200, SamplingSettings(), endpoint="chat"), finished,
+        chat = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(200), endpoint="chat"), finished,
                                         "chat"))
         while not scheduler.running:
             await asyncio.sleep(0.001)
@@ -301,18 +301,18 @@ def test_a_request_beyond_the_queue_limit_is_refused_at_once(monkeypatch):
     scheduler = Scheduler(engine, interject=False, batch=False, clock=lambda: engine.target.clock)
 
     async def first(job):
-        return [event async for event in scheduler.generate(job)]
+        return [event async for _seq, event in scheduler.generate(job)]
 
     async def scenario():
-        running = asyncio.create_task(first(Job(CHAT, 200, SamplingSettings(), endpoint="chat")))
+        running = asyncio.create_task(first(Job(CHAT, GenerationParams(200), endpoint="chat")))
         while not scheduler.running:
             await asyncio.sleep(0.001)
-        waiting = [asyncio.create_task(first(Job(COMPLETION, 4, SamplingSettings(), endpoint="chat")))
+        waiting = [asyncio.create_task(first(Job(COMPLETION, GenerationParams(4), endpoint="chat")))
                    for _ in range(2)]
         while len(scheduler._jobs) < 2:
             await asyncio.sleep(0.001)
         with pytest.raises(EngineUnavailableError, match="2 requests are waiting"):
-            await first(Job(COMPLETION, 4, SamplingSettings(), endpoint="chat"))
+            await first(Job(COMPLETION, GenerationParams(4), endpoint="chat"))
         return await running, [await w for w in waiting]
 
     try:
@@ -364,7 +364,7 @@ def test_one_requests_failed_evaluation_never_ends_the_answer_decoded_beside_it(
 
     async def collect(prompt, tokens):
         try:
-            return [event async for event in scheduler.generate(Job(prompt, tokens, SamplingSettings(),
+            return [event async for _seq, event in scheduler.generate(Job(prompt, GenerationParams(tokens),
                                                                     endpoint="chat"))]
         except LocalspecError as exc:
             return exc
@@ -409,7 +409,7 @@ def test_events_cross_to_the_loop_without_the_engine_thread_waking_it():
             return original(*args, **kwargs)
 
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-        return [event async for event in scheduler.generate(Job(CHAT, 40, SamplingSettings()))]
+        return [event async for _seq, event in scheduler.generate(Job(CHAT, GenerationParams(40)))]
 
     try:
         events = asyncio.run(scenario())

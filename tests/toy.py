@@ -301,3 +301,15 @@ def step_until_done(engine, lanes) -> None:
     """Step only `lanes` (the others wait, as the scheduler steps an editor's completion) until they end."""
     while any(lane is held for lane in lanes for held in engine.core.lanes):
         engine.step(only=lanes)
+
+
+def submit_one(engine, prompt, deliver, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
+               cancel=None, urgent=False):
+    """One sequence submitted (`Engine.submit` of a one-sequence request) with its events, not
+    (0, event), handed to `deliver`; its lane."""
+    from localspec.engine.params import GenerationParams
+
+    params = GenerationParams.one(sampling, max_tokens=max_tokens, stop=stop, drafter=drafter, draft_len=draft_len)
+    [lane] = engine.submit(prompt, params, lambda item: deliver(item if isinstance(item, Exception) else item[1]),
+                           cancel=cancel, cancels=None if cancel is None else [cancel], urgent=urgent)
+    return lane

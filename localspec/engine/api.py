@@ -22,6 +22,7 @@ from localspec.engine.kv import KvSequence
 from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
 from localspec.engine.core import Core, Deliver
 from localspec.engine.options import EngineOptions, plain_only_warning
+from localspec.engine.params import GenerationParams
 from localspec.engine.ownership import Ownership, remeasure_when_quiet
 from localspec.engine.parallel import Lane
 from localspec.engine.request import Request, check
@@ -144,7 +145,9 @@ class Engine:
                  cancel: threading.Event | None = None) -> Iterator[Event]:
         """Prefill, then one Round per draft/verify step, then a Summary: the request added to the core,
         and the core stepped (with whatever else this thread submitted) until it ends."""
-        request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
+        params = GenerationParams.one(sampling, max_tokens=max_tokens, stop=tuple(stop), drafter=drafter,
+                                      draft_len=draft_len)
+        [request] = self._requests(prompt, params, [0], [cancel or threading.Event()])
         return self._held(self.core.stream(request, self._planner))
 
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
@@ -156,36 +159,37 @@ class Engine:
         `generate`. More completions than free slots run in groups, one group after another; with a
         single free slot they run one after another with `drafter`. `cancel` ends them all, `cancels`
         (one per completion) each."""
-        requests = self._requests(prompt, samplings, max_tokens, stop, drafter, cancels)
+        params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
+        requests = self._requests(prompt, params, range(params.n), cancels)
         return self._held(self.core.stream_many(requests, self._planner, cancel or threading.Event()), requests)
 
-    def submit(self, prompt: str | Sequence[int], deliver: Deliver, *, max_tokens: int = 512,
-               sampling: SamplingSettings | None = None, drafter: str | None = None,
-               draft_len: int | None | str = "default", stop: Sequence[str] = (),
-               cancel: threading.Event | None = None, urgent: bool = False) -> Lane:
-        """A request added to the core: decoded in its steps from the next on (`step`), its events handed
-        to `deliver` (or the exception that ended it, where its own evaluation failed: the others go
-        on); `cancel` ends it at the next step. The first request takes the engine; the others come
-        from the thread stepping it (engine/ownership.py). An `urgent` one (an editor's completion)
-        drafts copies and the history only: the draft model's sequences stay as the others left them.
-        Raises LocalspecError for a request the engine refuses, or when no slot is free."""
-        request = self._request(prompt, max_tokens, sampling, drafter, draft_len, stop, cancel)
-        with self.ownership.holding(self.core.__bool__, [request]):
-            return self.core.add(request, self._planner(request, self._side if urgent else self.drafting), deliver)
-
-    def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
-                     deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
-                     drafter: str | None = None, cancel: threading.Event | None = None,
-                     cancels: Sequence[threading.Event] | None = None) -> list[Lane]:
-        """Completions of one prompt added to the core (at most one per free slot), as `generate_many`
-        decodes them; `deliver(i)` takes the i-th one's events."""
-        requests = self._requests(prompt, samplings, max_tokens, stop, drafter, cancels)
+    def submit(self, prompt: str | Sequence[int], params: GenerationParams,
+               deliver: Callable[[tuple[int, Event] | Exception], None], *,
+               cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+               sequences: Sequence[int] | None = None, urgent: bool = False) -> list[Lane]:
+        """A request's `sequences` (of its `params.n`; all by default) added to the core: decoded in its
+        steps from the next on (`step`), each one's events handed to `deliver` as (sequence, event), or
+        the exception that ended them where their own evaluation failed (the others go on); `cancel`
+        ends them all at the next step, `cancels` (one per sequence) each. Several sequences share the
+        prompt: evaluated once into the first one's slot and copied, decoded without drafts (each
+        draws as alone would). The first request takes the engine; the others come from the thread
+        stepping it (engine/ownership.py). An `urgent` one (an editor's completion) drafts copies and
+        the history only: the draft model's sequences stay as the others left them. Raises
+        LocalspecError for a request the engine refuses, or for more sequences than free slots."""
+        chosen = list(range(params.n) if sequences is None else sequences)
+        requests = self._requests(prompt, params, chosen, cancels)
         if len(requests) > self.free_slots():
             for request in requests:
                 request.close()
             raise LocalspecError("No KV slot is free for another request.")
+        drafting = self._side if urgent else self.drafting
+
+        def each(i: int) -> Deliver:
+            return lambda item: deliver(item if isinstance(item, Exception) else (chosen[i], item))
+
         with self.ownership.holding(self.core.__bool__, requests):
-            return self.core.add_group(requests, self._planner, deliver, cancel or threading.Event())
+            return self.core.add_group(requests, lambda request: self._planner(request, drafting), each,
+                                       cancel or threading.Event())
 
     def step(self, only: Sequence[Lane] | None = None) -> bool:
         """One step of the core (`only` those lanes, else every one); False once none is left (the engine
@@ -208,22 +212,16 @@ class Engine:
             for request in requests:
                 request.close()
 
-    def _requests(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], max_tokens: int,
-                  stop: Sequence[str], drafter: str | None,
+    def _requests(self, prompt: str | Sequence[int], params: GenerationParams, sequences: Sequence[int],
                   cancels: Sequence[threading.Event] | None) -> list[Request]:
-        if not samplings:
-            raise LocalspecError("Ask for at least one completion.")
-        each = list(cancels) if cancels is not None else [threading.Event() for _ in samplings]
-        return [self._request(prompt, max_tokens, sampling, drafter, "default", stop, own)
-                for sampling, own in zip(samplings, each, strict=True)]
-
-    def _request(self, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingSettings | None,
-                 drafter: str | None, draft_len: int | None | str, stop: Sequence[str],
-                 cancel: threading.Event | None) -> Request:
-        """A request checked before it takes the engine (request.check)."""
-        return check(self.target, self.drafters, prompt, max_tokens=max_tokens, sampling=sampling or SamplingSettings(),
-                     mode=drafter or self.options.drafter, draft_len=draft_len, default_len=self.options.draft_len,
-                     stop=stop, cancel=cancel or threading.Event())
+        """The request's `sequences`, each checked before it takes the engine (request.check); each
+        sequence's cancel its own of `cancels`."""
+        tokens = self.target.vocab.tokenize(prompt, add_special=True) if isinstance(prompt, str) else prompt
+        return [check(self.target, self.drafters, tokens, max_tokens=params.max_tokens,
+                      sampling=params.samplings[seq], mode=params.drafter or self.options.drafter,
+                      draft_len=params.draft_len, default_len=self.options.draft_len, stop=params.stop,
+                      cancel=cancels[seq] if cancels is not None else threading.Event())
+                for seq in sequences]
 
     @property
     def concurrent(self) -> bool:

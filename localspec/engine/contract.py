@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event, Summary
+from localspec.engine.params import GenerationParams
 from localspec.errors import LocalspecError
 
 Deliver = Callable[[Any], None]  # where a submitted request's events go (or the exception that ended it)
@@ -137,21 +138,14 @@ class ServedEngine(ChatEngine, Protocol):
         """KV slots no request is generating on."""
         ...
 
-    def submit(self, prompt: str | Sequence[int], deliver: Deliver, *, max_tokens: int = 512,
-               sampling: SamplingSettings | None = None, drafter: str | None = None,
-               draft_len: int | None | str = "default", stop: Sequence[str] = (),
-               cancel: threading.Event | None = None, urgent: bool = False) -> object:
-        """A request decoded in the engine's steps from the next on: its events to `deliver` (or the
-        exception that ended it, where its own evaluation failed); `cancel` ends it at the next step.
-        Returns its handle, for `step(only=...)`. Raises LocalspecError for a request refused."""
-        ...
-
-    def submit_group(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
-                     deliver: Callable[[int], Deliver], *, max_tokens: int = 512, stop: Sequence[str] = (),
-                     drafter: str | None = None, cancel: threading.Event | None = None,
-                     cancels: Sequence[threading.Event] | None = None) -> Sequence[object]:
-        """Completions of one prompt (at most one per free slot), as `generate_many` decodes them;
-        `deliver(i)` takes the i-th one's events."""
+    def submit(self, prompt: str | Sequence[int], params: GenerationParams, deliver: Deliver, *,
+               cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+               sequences: Sequence[int] | None = None, urgent: bool = False) -> Sequence[object]:
+        """A request's `sequences` (of its `params.n`; all by default) decoded in the engine's steps from
+        the next on: (sequence, event) to `deliver` (or the exception that ended them, where their own
+        evaluation failed); `cancel` ends them all at the next step, `cancels` (one per sequence) each.
+        Returns their handles, for `step(only=...)`. Raises LocalspecError for a request refused, or
+        for more sequences than slots are free."""
         ...
 
     def step(self, only: Sequence[Any] | None = None) -> bool:
@@ -174,20 +168,11 @@ class OneRequestAtATime:
     def free_slots(self) -> int:
         return 0 if self._running else 1
 
-    def submit(self: Any, prompt: str | Sequence[int], deliver: Deliver, *, urgent: bool = False,
-               **settings: Any) -> object:
-        self._admit(iter(self.generate(prompt, **settings)), deliver, 1)
-        return self._running
-
-    def submit_group(self: Any, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings],
-                     deliver: Callable[[int], Deliver], **settings: Any) -> Sequence[object]:
-        def each(item: Any) -> None:
-            if isinstance(item, Exception):
-                deliver(0)(item)
-            else:
-                deliver(item[0])(item[1])
-
-        self._admit(iter(self.generate_many(prompt, samplings, **settings)), each, len(samplings))
+    def submit(self: Any, prompt: str | Sequence[int], params: GenerationParams, deliver: Deliver, *,
+               cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
+               sequences: Sequence[int] | None = None, urgent: bool = False) -> Sequence[object]:
+        chosen = list(range(params.n) if sequences is None else sequences)
+        self._admit(self._in_turn(prompt, params, chosen, cancel or threading.Event(), cancels), deliver, len(chosen))
         return [self._running]
 
     def _admit(self, events: Iterator[Any], deliver: Callable[[Any], None], summaries: int) -> None:
@@ -208,8 +193,7 @@ class OneRequestAtATime:
             self._running = None
             deliver(exc)
             return False
-        event = item[1] if isinstance(item, tuple) else item
-        left -= isinstance(event, Summary)
+        left -= isinstance(item[1], Summary)
         self._running = (events, deliver, left) if left else None
         deliver(item)
         if not left and isinstance(events, Generator):
@@ -221,13 +205,22 @@ class OneRequestAtATime:
                       cancel: threading.Event | None = None,
                       cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
         """Each completion generated in turn."""
-        everyone = cancel or threading.Event()
-        for i, sampling in enumerate(samplings):
-            own = cancels[i] if cancels is not None else threading.Event()
+        params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
+        events: Iterator[tuple[int, Event]] = self._in_turn(prompt, params, range(params.n), cancel or threading.Event(),
+                                                            cancels)
+        return events
+
+    def _in_turn(self: Any, prompt: str | Sequence[int], params: GenerationParams, chosen: Sequence[int],
+                 everyone: threading.Event, cancels: Sequence[threading.Event] | None) -> Iterator[tuple[int, Event]]:
+        """The `chosen` sequences generated one after another; `everyone` ends them all (seen between
+        events where each has its own of `cancels`)."""
+        for seq in chosen:
+            own = cancels[seq] if cancels is not None else everyone
             if everyone.is_set():
                 own.set()
-            for event in self.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
+            for event in self.generate(prompt, max_tokens=params.max_tokens, sampling=params.samplings[seq],
+                                       drafter=params.drafter, draft_len=params.draft_len, stop=params.stop,
                                        cancel=own):
-                yield i, event
+                yield seq, event
                 if everyone.is_set():
                     own.set()

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.engine.contract import DRAFTER_SETTINGS, ServedEngine
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.params import GenerationParams
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import ContextOverflowError, EngineUnavailableError, LocalspecError
 from localspec.server.scheduler import Job, Scheduler
@@ -177,8 +178,10 @@ class Served:
 
     def job(self, tokens: list[int], max_tokens: int | None, f: SamplingFields, default_temperature: float,
             endpoint: str, seed: int | None = None, grammar: str | None = None, urgent: bool = False,
-            tools: list[Tool] | None = None, parallel_calls: bool = False, logprobs: int | None = None) -> Job:
-        """The request for the scheduler; `grammar`: the GBNF the dialect's structured-output fields ask for
+            tools: list[Tool] | None = None, parallel_calls: bool = False, logprobs: int | None = None,
+            n: int = 1) -> Job:
+        """The request for the scheduler, its settings fixed here (`GenerationParams`); `n` sequences of
+        the prompt, the i-th seeded with the request's seed plus i; `grammar`: the GBNF the dialect's structured-output fields ask for
         (localspec/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds
         of a generation that holds the engine, scheduler.py); `tools` the model may call, where no grammar
         is asked for: free text until the model opens a call, then the call follows the tools' schemas
@@ -202,10 +205,12 @@ class Served:
                                 f"(got {len(stops)}, the longest {max(map(len, stops))}).")
         if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
             raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
-        return Job(tokens=tokens, max_tokens=max(1, min(max_tokens, room)),
-                   sampling=self.sampling(f, default_temperature, seed, grammar, trigger, logprobs), stop=tuple(s for s in stops if s),
-                   drafter=f.drafter, draft_len="default" if f.draft_len is None else f.draft_len, endpoint=endpoint,
-                   urgent=urgent)
+        seed = seed if seed is not None else f.seed
+        samplings = tuple(self.sampling(f, default_temperature, None if seed is None else seed + i, grammar, trigger,
+                                        logprobs) for i in range(n))
+        params = GenerationParams(max(1, min(max_tokens, room)), samplings, tuple(s for s in stops if s), f.drafter,
+                                  "default" if f.draft_len is None else f.draft_len)
+        return Job(tokens, params, endpoint=endpoint, urgent=urgent)
 
     async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:
         """Queue the job and wait for its prefill, so a bad request fails before any response is sent.
@@ -224,8 +229,7 @@ class Served:
         finally:
             if watcher is not None:
                 watcher.cancel()
-        if job.group:  # (which completion, event): the first completion's prefill comes first
-            first = first[1]
+        first = first[1]  # (sequence, event): the first sequence's prefill comes first
         if not isinstance(first, Prefill):
             raise ApiError(500, "The engine did not start with the prompt.", "server_error")
         return first, events
@@ -241,29 +245,10 @@ async def guard_disconnect(request, job: Job, interval: float = 0.1) -> None:
         await asyncio.sleep(interval)
 
 
-async def collect(request, job: Job, events: AsyncIterator, on_round=None) -> Summary:
-    """Run a generation to its summary (non-streaming), cancelling it if the client disconnects."""
-    watcher = asyncio.create_task(guard_disconnect(request, job))
-    try:
-        summary = None
-        async for event in events:
-            if isinstance(event, Round) and on_round is not None:
-                on_round(event)
-            elif isinstance(event, Summary):
-                summary = event
-        if summary is None:
-            raise ApiError(500, "The generation ended without a result.", "server_error")
-        return summary
-    except (LocalspecError, RuntimeError) as exc:
-        raise api_error(exc) from None
-    finally:
-        watcher.cancel()
-
-
-async def collect_each(request, job: Job, events: AsyncIterator,
-                       on_round: Callable[[int, Round], None]) -> tuple[dict[int, Prefill], dict[int, Summary]]:
-    """`collect` for several completions of one prompt (a `Job.group`): each one's prefill and summary
-    (the first completion's prefill was taken by `Served.start`)."""
+async def collect(request, job: Job, events: AsyncIterator,
+                  on_round: Callable[[int, Round], None] | None = None) -> tuple[dict[int, Prefill], list[Summary]]:
+    """Run a request to the summary of each sequence (non-streaming), cancelling it if the client
+    disconnects: each sequence's prefill but the first's (`Served.start` took that one), and summary."""
     watcher = asyncio.create_task(guard_disconnect(request, job))
     prefills: dict[int, Prefill] = {}
     summaries: dict[int, Summary] = {}
@@ -272,12 +257,13 @@ async def collect_each(request, job: Job, events: AsyncIterator,
             if isinstance(event, Prefill):
                 prefills[i] = event
             elif isinstance(event, Round):
-                on_round(i, event)
+                if on_round is not None:
+                    on_round(i, event)
             elif isinstance(event, Summary):
                 summaries[i] = event
-        if len(summaries) != len(job.group):
+        if len(summaries) != job.params.n:
             raise ApiError(500, "The generation ended without a result.", "server_error")
-        return prefills, summaries
+        return prefills, [summaries[i] for i in range(job.params.n)]
     except (LocalspecError, RuntimeError) as exc:
         raise api_error(exc) from None
     finally:
@@ -299,8 +285,8 @@ class StreamFormat:
     error: Callable[[ApiError], bytes]              # a failure after the response has started
     opening: Iterable[bytes] = ()
     closing: Iterable[bytes] = ()                   # after the summary (not after an error)
-    # Several completions of one prompt: events come as (completion, event), each handled by its own
-    # format's round and summary (opening, closing and error are this one's).
+    # Several sequences of one prompt: each sequence's events handled by its own format's round and
+    # summary (opening, closing and error are this one's); one sequence: this one's.
     choices: Sequence["StreamFormat"] = ()
 
 
@@ -313,8 +299,8 @@ def stream(events: AsyncIterator, fmt: StreamFormat) -> StreamingResponse:
         try:
             for chunk in fmt.opening:
                 yield chunk
-            async for item in events:
-                own, event = (fmt.choices[item[0]], item[1]) if fmt.choices else (fmt, item)
+            async for i, event in events:
+                own = fmt.choices[i] if fmt.choices else fmt
                 if isinstance(event, Round):
                     chunk = own.round(event)
                     if chunk:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import threading
 import time
 from typing import Any, Callable
 
@@ -16,7 +14,7 @@ from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.server import logprobs as lp
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect,
                                      compact, fim_tokens, speculation, stream)
 from localspec.structured import llama_cpp_grammar
 
@@ -126,14 +124,13 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
     limits = Limits(body.n_indent, body.t_max_predict_ms)
     kept = lp.Pending()
 
-    def on_round(event: Round) -> None:
+    def on_round(_i: int, event: Round) -> None:
         kept.add(event)
         limits.feed(event)
         if limits.hit:
-            job.limited = True
-            job.cancel.set()
+            job.limit(0)
 
-    summary = await collect(request, job, events, on_round)
+    _, [summary] = await collect(request, job, events, on_round)
     content = "" if warm_up else limits.text
     result = _shape({**_result(served, content, prefill, summary, limits.hit, warm_up),
                      **_probabilities(served, body, kept)}, body.response_fields)
@@ -142,24 +139,20 @@ async def _respond(served: Served, request: Request, body: CompletionRequest, to
 
 async def _respond_each(served: Served, request: Request, body: CompletionRequest, tokens: list[int], endpoint: str,
                         grammar: str | None, count: int) -> Response:
-    """`n_cmpl` completions of one prompt, decoded together (the engine's generate_many): one array."""
-    jobs = [served.job(tokens, body.n_predict, body, DEFAULT_TEMPERATURE, endpoint,
-                       seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=endpoint == "infill",
-                       logprobs=_top(body))
-            for i in range(count)]
-    whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
-    first, events = await served.start(whole, request)
-    limits = [Limits(body.n_indent, body.t_max_predict_ms) for _ in jobs]
-    kept = [lp.Pending() for _ in jobs]
+    """`n_cmpl` completions of one prompt, its sequences decoded together: one array."""
+    job = served.job(tokens, body.n_predict, body, DEFAULT_TEMPERATURE, endpoint, seed=body.seed, grammar=grammar,
+                     urgent=endpoint == "infill", logprobs=_top(body), n=count)
+    first, events = await served.start(job, request)
+    limits = [Limits(body.n_indent, body.t_max_predict_ms) for _ in range(count)]
+    kept = [lp.Pending() for _ in range(count)]
 
     def on_round(i: int, event: Round) -> None:
         kept[i].add(event)
         limits[i].feed(event)
         if limits[i].hit:
-            jobs[i].limited = True
-            jobs[i].cancel.set()
+            job.limit(i)
 
-    prefills, summaries = await collect_each(request, whole, events, on_round)
+    prefills, summaries = await collect(request, job, events, on_round)
     prefills[0] = first
     results = [_shape({**_result(served, limits[i].text, prefills[i], summaries[i], limits[i].hit, False), "index": i,
                        **_probabilities(served, body, kept[i])}, body.response_fields) for i in range(count)]
@@ -178,8 +171,7 @@ async def _stream(served: Served, request: Request, body: CompletionRequest, tok
         pending.add(event)
         piece = limits.feed(event)
         if limits.hit:
-            job.limited = True
-            job.cancel.set()
+            job.limit(0)
         if not piece:
             return None
         return b"data: " + compact({"content": piece, "stop": False, "index": 0,

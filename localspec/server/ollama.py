@@ -206,7 +206,7 @@ async def _respond(served: Served, request: Request, model: str, options: Option
         return compact(out) + b"\n"
 
     if not stream or tools:
-        summary = await collect(request, job, events, pending.add)
+        _, [summary] = await collect(request, job, events, lambda _i, event: pending.add(event))
         content, calls = parse_calls(summary.text, tools or [])
         if not stream:
             return Response(line(content, summary, calls), media_type="application/json")

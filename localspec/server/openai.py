@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 import time
 import uuid
 from typing import Any, Iterable, Literal
@@ -17,7 +16,7 @@ from pydantic import Field
 from localspec.call_stream import CallStart, CallStream, Piece, Text
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.server import logprobs as lp
-from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, collect_each,
+from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect,
                                      compact, fim_tokens, finish_reason, speculation, stream)
 from localspec.structured import (Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
                                          parse_calls, schema_grammar, template_messages, tools_of)
@@ -186,55 +185,24 @@ async def _answer(served: Served, request: Request, body: ChatRequest | Completi
     With tools, the answer's calls are parsed out of it (and streamed once the answer is complete)."""
     endpoint = "chat" if chat else "completions"
     top = _top(body, echo)
-    if body.n > 1:
-        return await _answer_each(served, request, body, tokens, limit, chat=chat, echo=echo, grammar=grammar,
-                                  tools=tools, urgent=urgent, top=top)
+    n = body.n  # choices of one prompt: its sequences, seeded with the request's seed plus each one's index
     job = await asyncio.to_thread(served.job, tokens, limit, body, DEFAULT_TEMPERATURE, endpoint, grammar=grammar,
-                                  urgent=urgent, tools=tools, parallel_calls=_parallel(body), logprobs=top)
+                                  urgent=urgent, tools=tools, parallel_calls=_parallel(body), logprobs=top, n=n)
     prefill, events = await served.start(job, request)
     ident, created = _ident(chat), int(time.time())
-    usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
         kind = "chat.completion.chunk" if chat else "text_completion"
-        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat, tools=tools,
+        return _sse(served, events, prefill, ident, created, kind, usage, chat=chat, tools=tools, n=n,
                     logprobs=top is not None)
-    kept = lp.Pending()
-    summary = await collect(request, job, events, kept.add)
+    kept = [lp.Pending() for _ in range(n)]
+    _prefills, summaries = await collect(request, job, events, lambda i, event: kept[i].add(event))
     return JSONResponse({
         "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
         "model": served.name,
-        "choices": [_choice(0, summary, tools or [], chat, echo, _logprobs(served, chat, kept, top, len(echo)))],
-        "usage": _usage(prefill, [summary]),
-        "localspec": speculation(summary),
-    })
-
-
-async def _answer_each(served: Served, request: Request, body: ChatRequest | CompletionRequest, tokens: list[int],
-                       limit: int | None, *, chat: bool, echo: str, grammar: str | None, tools: list[Tool] | None,
-                       urgent: bool, top: int | None) -> Response:
-    """`n` choices of one prompt, decoded together (the engine's generate_many); the seeds are the
-    request's plus each choice's index."""
-    jobs = await asyncio.to_thread(lambda: [
-        served.job(tokens, limit, body, DEFAULT_TEMPERATURE, "chat" if chat else "completions",
-                   seed=None if body.seed is None else body.seed + i, grammar=grammar, urgent=urgent,
-                   tools=tools, parallel_calls=_parallel(body), logprobs=top)
-        for i in range(body.n)])
-    whole = dataclasses.replace(jobs[0], cancel=threading.Event(), group=jobs)
-    prefill, events = await served.start(whole, request)
-    if body.stream:
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(served, events, prefill, _ident(chat),
-                    int(time.time()), "chat.completion.chunk" if chat else "text_completion", usage, chat=chat,
-                    tools=tools, n=body.n, logprobs=top is not None)
-    kept = [lp.Pending() for _ in jobs]
-    _prefills, summaries = await collect_each(request, whole, events, lambda i, event: kept[i].add(event))
-    return JSONResponse({
-        "id": _ident(chat),
-        "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-        "model": served.name, "choices": [_choice(i, summaries[i], tools or [], chat, echo,
-                                                  _logprobs(served, chat, kept[i], top, len(echo)))
-                                          for i in range(body.n)],
-        "usage": _usage(prefill, summaries.values()),
+        "choices": [_choice(i, summaries[i], tools or [], chat, echo, _logprobs(served, chat, kept[i], top, len(echo)))
+                    for i in range(n)],
+        "usage": _usage(prefill, summaries),
         "localspec": speculation(summaries[0]),
     })
 

@@ -1,5 +1,5 @@
-"""The server's scheduler: an admission policy over the engine core (`Engine.submit`, `submit_group`,
-`step`) and the adapter between its thread and the event loop.
+"""The server's scheduler: an admission policy over the engine core (`Engine.submit`, `step`) and the
+adapter between its thread and the event loop.
 
 One thread owns the engine. Each turn of its loop admits what the policy lets in, takes one step of
 the requests in the engine, and one step of a `call`. A request's events cross to the event loop
@@ -17,8 +17,8 @@ The policy:
   has asked for one in the last EDITOR_IDLE_S): its prompt is evaluated in chunks within the
   following steps, then all are decoded in one `llama_decode` per step, so a second chat starts at
   once instead of after the first;
-- the completions of one prompt (`Job.group`) are admitted when nothing else runs, as many as the
-  slots hold at a time, and nothing runs beside them.
+- a request for several sequences of one prompt (`GenerationParams.n`) is admitted when nothing else
+  runs, as many of its sequences as the slots hold at a time, and nothing runs beside them.
 Work that is not a generation (an embedding, `call`) runs one step per turn of the loop, so a batch
 of texts to embed never stalls a chat for more than a step. Once nothing has arrived for
 MAINTAIN_AFTER_IDLE_S the thread lets the engine do what it put off for a quiet moment (`maintain`:
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Generator, TypeVar
 
 from localspec.engine.events import Prefill, Summary
+from localspec.engine.params import GenerationParams
 from localspec.errors import EngineUnavailableError, LocalspecError
 from localspec.server.handoff import Handoff
 from localspec.server.metrics import Metrics, prometheus_text
@@ -43,23 +44,29 @@ from localspec.server.metrics import Metrics, prometheus_text
 
 @dataclass(eq=False)  # (one object per request: compared and hashed by identity)
 class Job:
+    """One request as the server queues it: its prompt and settings (fixed at the front door), and
+    what the dialect and the scheduler track of it. Its events are (sequence, event)."""
     tokens: list[int]
-    max_tokens: int
-    sampling: object
-    stop: tuple[str, ...] = ()
-    drafter: str | None = None
-    draft_len: int | None | str = "default"
+    params: GenerationParams
     endpoint: str = ""
-    cancel: threading.Event = field(default_factory=threading.Event)
-    limited: bool = False      # the dialect ended it for an editor limit (n_indent, t_max_predict_ms)
     urgent: bool = False       # latency-bound (a completion at an editor's cursor): stepped alone, others waiting
-    # Several completions of one prompt (llama.cpp's n_cmpl): each one's job (sampling, cancel, limited),
-    # decoded together by the engine (submit_group); this job's own cancel ends them all, and its
-    # events are (which completion, event).
-    group: list["Job"] = field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)  # ends every sequence (the client left)
+    cancels: list[threading.Event] = field(default_factory=list)     # each sequence's own
+    limited: list[bool] = field(default_factory=list)  # the dialect ended it for an editor limit (n_indent, …)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     box: collections.deque = field(default_factory=collections.deque)  # its events (server/handoff.py)
+
+    def __post_init__(self) -> None:
+        # (one sequence: its cancel is the request's, which an engine decoding one at a time watches)
+        self.cancels = self.cancels or ([self.cancel] if self.params.n == 1 else
+                                        [threading.Event() for _ in range(self.params.n)])
+        self.limited = self.limited or [False] * self.params.n
+
+    def limit(self, sequence: int) -> None:
+        """The dialect ends this sequence: an editor's limit (n_indent, t_max_predict_ms) was reached."""
+        self.limited[sequence] = True
+        self.cancels[sequence].set()
 
 
 class _Failed:
@@ -105,29 +112,29 @@ def _as_served(exc: Exception) -> Exception:
 
 @dataclass(eq=False)
 class _Admitted:
-    """A job in the engine: its lanes, and for a group, how many completions were submitted and ended."""
+    """A job in the engine: its lanes, how many of its sequences were submitted and ended."""
     job: Job
     send: Callable[[Any], None]
     lanes: list = field(default_factory=list)
-    next: int = 0  # a group's completions submitted so far
-    done: int = 0  # its completions ended
-    prefills: dict[int | None, Prefill] = field(default_factory=dict)
+    next: int = 0  # its sequences submitted so far
+    done: int = 0  # its sequences ended
+    prefills: dict[int, Prefill] = field(default_factory=dict)
 
-    def deliver(self, i: int | None, item: Any, scheduler: "Scheduler") -> None:
-        """One event of the job (of its i-th completion, for a group), or the exception that ended it."""
+    def deliver(self, item: Any, scheduler: "Scheduler") -> None:
+        """(sequence, event) of the job, or the exception that ended it."""
         if isinstance(item, Exception):
             scheduler._end(self, _as_served(item))
             return
-        job = self.job
-        if isinstance(item, Prefill):
-            self.prefills[i] = item
-            scheduler.recent.append((job.endpoint, job.max_tokens, item.prompt_tokens, item.cached))
-        elif isinstance(item, Summary):
-            scheduler.metrics.count(item, self.prefills.get(i), (job.group[i] if i is not None else job).limited)
-        self.send(item if i is None else (i, item))
-        if isinstance(item, Summary):
+        job, (i, event) = self.job, item
+        if isinstance(event, Prefill):
+            self.prefills[i] = event
+            scheduler.recent.append((job.endpoint, job.params.max_tokens, event.prompt_tokens, event.cached))
+        elif isinstance(event, Summary):
+            scheduler.metrics.count(event, self.prefills.get(i), job.limited[i])
+        self.send(item)
+        if isinstance(event, Summary):
             self.done += 1
-            if self.done == (len(job.group) if job.group else 1):
+            if self.done == job.params.n:
                 scheduler._end(self)
 
 
@@ -167,7 +174,7 @@ class Scheduler:
         return len(self._active)
 
     async def generate(self, job: Job) -> AsyncIterator[Any]:
-        """Events of one request, or (which completion, event) for a `Job.group`. Raises LocalspecError
+        """(sequence, event) of one request's sequences. Raises LocalspecError
         (bad request) before the first event.
 
         Closing the iterator early (a client that disconnected) cancels the generation.
@@ -282,10 +289,10 @@ class Scheduler:
         - an urgent job (an editor's completion) first, one at a time, into a free slot, when no other
           runs or the others have had their share of the time since the last one (`_allowance`); it is
           stepped alone until it ends (`_step`);
-        - several completions of one prompt (a group) when nothing else runs, and nothing beside them;
+        - several sequences of one prompt when nothing else runs, and nothing beside them;
         - any other job while slots are free, beyond one kept for completions while an editor is around
           (`EDITOR_IDLE_S`): its prompt is evaluated in chunks within the following steps."""
-        if any(a.job.group or a.job.urgent for a in self._active):
+        if any(a.job.params.n > 1 or a.job.urgent for a in self._active):
             return
         with self._changed:
             for queue in (self._urgent, self._jobs):
@@ -301,12 +308,12 @@ class Scheduler:
         while self._jobs and (not self._active or (self.batch and self.engine.free_slots() > self._kept())):
             with self._changed:
                 job = self._jobs[0]
-                if (job.group or job.urgent) and self._active:  # (an urgent one here: completions wait their turn)
+                if (job.params.n > 1 or job.urgent) and self._active:  # (an urgent one here: completions wait their turn)
                     return
                 self._jobs.popleft()
             self.joined += bool(self._active)
             self._submit(job)
-            if job.group:
+            if job.params.n > 1:
                 return
 
     def _urgent_may_run(self) -> bool:
@@ -334,33 +341,20 @@ class Scheduler:
     def _submit(self, job: Job) -> None:
         """The job into the engine; its events go to its client as each step hands them over."""
         admitted = _Admitted(job, self._sender(job))
-        beside = bool(self._active)  # (alone, a completion drafts as any request)
+        urgent = job.urgent and bool(self._active)  # (alone, a completion drafts as any request)
         self._active.append(admitted)
-        if job.group:
-            self._submit_wave(admitted)
-            return
-        try:
-            admitted.lanes = [self.engine.submit(
-                job.tokens, lambda item: admitted.deliver(None, item, self), max_tokens=job.max_tokens,
-                sampling=job.sampling, drafter=job.drafter, draft_len=job.draft_len, stop=job.stop, cancel=job.cancel,
-                urgent=job.urgent and beside)]
-        except Exception as exc:
-            self._end(admitted, _as_served(exc))
+        self._submit_wave(admitted, urgent)
 
-    def _submit_wave(self, admitted: "_Admitted") -> None:
-        """A group's next completions, one per free slot (all of them when the slots suffice)."""
+    def _submit_wave(self, admitted: "_Admitted", urgent: bool = False) -> None:
+        """The job's next sequences, one per free slot (all of them when the slots suffice)."""
         job = admitted.job
         first = admitted.next
-        members = job.group[first:first + max(self.engine.free_slots(), 1)]
-        admitted.next += len(members)
-
-        def deliver(i: int):
-            return lambda item: admitted.deliver(first + i, item, self)
-
+        sequences = range(first, min(first + max(self.engine.free_slots(), 1), job.params.n))
+        admitted.next = sequences.stop
         try:
-            admitted.lanes = self.engine.submit_group(
-                job.tokens, [j.sampling for j in members], deliver, max_tokens=job.max_tokens, stop=job.stop,
-                drafter=job.drafter, cancel=job.cancel, cancels=[j.cancel for j in members])
+            admitted.lanes = self.engine.submit(job.tokens, job.params, lambda item: admitted.deliver(item, self),
+                                               cancel=job.cancel, cancels=job.cancels, sequences=sequences,
+                                               urgent=urgent)
         except Exception as exc:
             self._end(admitted, _as_served(exc))
 
@@ -380,7 +374,7 @@ class Scheduler:
                 self._end(admitted, _as_served(exc))
         if urgent and others:
             self._allowance -= self._clock() - started
-        waves = [a for a in self._active if a.job.group and a.done == a.next < len(a.job.group)]
+        waves = [a for a in self._active if a.done == a.next < a.job.params.n]
         for admitted in waves:
             self._submit_wave(admitted)  # into the slots its last completions left
         if not (more or waves):  # (never: the engine ends each request with its summary or error)
@@ -394,7 +388,7 @@ class Scheduler:
         self._active.remove(admitted)
         if error is not None:
             self.metrics.errors += 1
-            admitted.job.cancel.set()  # (a group's other completions end too)
+            admitted.job.cancel.set()  # (its other sequences end too)
             admitted.send(_Failed(error))
         admitted.send(_END)
 
