@@ -156,7 +156,7 @@ class Engine:
                       cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
         """One completion of `prompt` per sampling setting (llama.cpp's n_cmpl, OpenAI's n), decoded
         together without drafts: (which completion, event), each completion's events those of
-        `generate`. More completions than free slots run in groups, one group after another; with a
+        `generate`. More completions than free slots run in waves, one after another; with a
         single free slot they run one after another with `drafter`. `cancel` ends them all, `cancels`
         (one per completion) each."""
         params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
@@ -188,7 +188,7 @@ class Engine:
             return lambda item: deliver(item if isinstance(item, Exception) else (chosen[i], item))
 
         with self.ownership.holding(self.core.__bool__, requests):
-            return self.core.add_group(requests, lambda request: self._planner(request, drafting), each,
+            return self.core.add_sequences(requests, lambda request: self._planner(request, drafting), each,
                                        cancel or threading.Event())
 
     def step(self, only: Sequence[Lane] | None = None) -> bool:

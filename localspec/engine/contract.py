@@ -206,8 +206,8 @@ class OneRequestAtATime:
                       cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
         """Each completion generated in turn."""
         params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
-        events: Iterator[tuple[int, Event]] = self._in_turn(prompt, params, range(params.n), cancel or threading.Event(),
-                                                            cancels)
+        everyone = cancel or threading.Event()
+        events: Iterator[tuple[int, Event]] = self._in_turn(prompt, params, range(params.n), everyone, cancels)
         return events
 
     def _in_turn(self: Any, prompt: str | Sequence[int], params: GenerationParams, chosen: Sequence[int],

@@ -73,8 +73,8 @@ class Core:
         """The request's lane from the next step on, in a free slot holding what it can of its prompt
         (`Slots.place`); the rest is evaluated in chunks within the steps, and its Prefill is delivered
         once it is in. A lane that `follows` another (a completion of the same prompt) evaluates nothing:
-        it takes a copy of that lane's cache once its prompt is in. `everyone` cancels a group of lanes;
-        an `iterated` lane's consumer frees its slot (`Lane.iterated`)."""
+        it takes a copy of that lane's cache once its prompt is in. `everyone` cancels every sequence of
+        its request; an `iterated` lane's consumer frees its slot (`Lane.iterated`)."""
         try:
             if follows is None:
                 request.kv, cached = self.slots.place(request.prompt)
@@ -94,16 +94,17 @@ class Core:
         self._copy_prompts()
         return lane
 
-    def add_group(self, group: list[Request], planner: Callable[[Request], Planner], deliver: Callable[[int], Deliver],
-                  everyone: threading.Event, iterated: bool = False) -> list[Lane]:
-        """Completions of one prompt, one free slot each: alone, one with its `planner`, as any request;
-        else the prompt evaluated once into the first one's slot and copied to the others', without
-        drafts (each draws as alone would)."""
-        if len(group) == 1:
-            return [self.add(group[0], planner(group[0]), deliver(0), everyone=everyone, iterated=iterated)]
-        lead = self.add(group[0], None, deliver(0), everyone=everyone, iterated=iterated)
+    def add_sequences(self, sequences: list[Request], planner: Callable[[Request], Planner],
+                      deliver: Callable[[int], Deliver], everyone: threading.Event,
+                      iterated: bool = False) -> list[Lane]:
+        """A request's sequences (completions of one prompt), one free slot each: one alone, with its
+        `planner`, as any request; several, the prompt evaluated once into the first one's slot and
+        copied to the others', without drafts (each draws as alone would)."""
+        if len(sequences) == 1:
+            return [self.add(sequences[0], planner(sequences[0]), deliver(0), everyone=everyone, iterated=iterated)]
+        lead = self.add(sequences[0], None, deliver(0), everyone=everyone, iterated=iterated)
         return [lead] + [self.add(request, None, deliver(i), everyone=everyone, follows=lead, iterated=iterated)
-                         for i, request in enumerate(group[1:], 1)]
+                         for i, request in enumerate(sequences[1:], 1)]
 
     def stream(self, request: Request, planner: Callable[[Request], Planner]) -> Iterator[Event]:
         """The request's events as an iterator: it is added, and every lane stepped until it ends. Where
@@ -130,25 +131,25 @@ class Core:
     def stream_many(self, requests: list[Request], planner: Callable[[Request], Planner],
                     everyone: threading.Event) -> Iterator[tuple[int, Event]]:
         """Completions of one prompt as (which, event): as many at a time as slots are free, stepped
-        alone, one group after another."""
+        alone, one wave after another."""
         width = len(self.slots.free())
         if width == 0:
             raise LocalspecError("No KV slot is free for another request.")
         for first in range(0, len(requests), width):
-            group, inbox = requests[first:first + width], Inbox()
+            wave, inbox = requests[first:first + width], Inbox()
 
             def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
                 return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
 
             lanes: list[Lane] = []
             try:
-                lanes = self.add_group(group, planner, deliver, everyone, iterated=True)
+                lanes = self.add_sequences(wave, planner, deliver, everyone, iterated=True)
                 yield from self.events(lanes, inbox, only=lanes)
             finally:
                 for lane in lanes:
                     self.remove(lane)
-                for request in group:
-                    request.close()  # its slot is free for the next group
+                for request in wave:
+                    request.close()  # its slot is free for the next wave
 
     def _prompt_in(self, lane: Lane, prefill: Prefill) -> None:
         """Its prompt is in: a point its slot can return to (a recurrent state's checkpoint), its drafters
@@ -277,7 +278,7 @@ class Core:
     def _lane(self, request: Request, t0: float, deliver: Deliver, everyone: threading.Event | None,
               cached: int) -> Lane:
         """A request's lane: its slot (holding `cached` of its prompt), context, sampler and answer (time
-        to its first token counted from `t0`); `everyone` cancels its group."""
+        to its first token counted from `t0`); `everyone` cancels its request's every sequence."""
         assert request.kv is not None
         meter = SpeedupMeter(self.plain_rounds, lambda: self.cost.verify(1))
         vocab = self.target.vocab

@@ -87,7 +87,7 @@ class Lane:
     context: list[int]
     sampler: Sampler
     answer: Answer
-    everyone: threading.Event      # cancels the whole group (the client went away)
+    everyone: threading.Event      # cancels every sequence of its request (the client went away)
     prefill: Prefill | None        # its own, or the shared prompt's (nothing evaluated); None while its
                                    # prompt is still evaluated in chunks
     cached: int = 0                # prompt tokens its slot held already (a joining request's)

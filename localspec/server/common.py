@@ -181,11 +181,12 @@ class Served:
             tools: list[Tool] | None = None, parallel_calls: bool = False, logprobs: int | None = None,
             n: int = 1) -> Job:
         """The request for the scheduler, its settings fixed here (`GenerationParams`); `n` sequences of
-        the prompt, the i-th seeded with the request's seed plus i; `grammar`: the GBNF the dialect's structured-output fields ask for
-        (localspec/structured.py); `urgent`: a completion at an editor's cursor (it runs between the rounds
-        of a generation that holds the engine, scheduler.py); `tools` the model may call, where no grammar
-        is asked for: free text until the model opens a call, then the call follows the tools' schemas
-        (llama.cpp's lazy grammar, as its server does; `parallel_calls`: one call or several)."""
+        the prompt, the i-th seeded with the request's seed plus i; `grammar`: the GBNF the dialect's
+        structured-output fields ask for (localspec/structured.py); `urgent`: a completion at an editor's
+        cursor (it runs between the rounds of a generation that holds the engine, scheduler.py); `tools`
+        the model may call, where no grammar is asked for: free text until the model opens a call, then
+        the call follows the tools' schemas (llama.cpp's lazy grammar, as its server does;
+        `parallel_calls`: one call or several)."""
         refuse_unsupported(f.model_extra or {})
         trigger = None
         if tools and grammar is None:

@@ -308,7 +308,8 @@ class Scheduler:
         while self._jobs and (not self._active or (self.batch and self.engine.free_slots() > self._kept())):
             with self._changed:
                 job = self._jobs[0]
-                if (job.params.n > 1 or job.urgent) and self._active:  # (an urgent one here: completions wait their turn)
+                # (an urgent one here: completions wait their turn)
+                if (job.params.n > 1 or job.urgent) and self._active:
                     return
                 self._jobs.popleft()
             self.joined += bool(self._active)
