@@ -418,3 +418,42 @@ def test_events_cross_to_the_loop_without_the_engine_thread_waking_it():
     assert isinstance(events[0], Prefill) and isinstance(events[-1], Summary)
     assert answer_tokens(events) == _plain(CHAT, 40)
     assert not woken and not scheduler._handoff.pumping
+
+
+def test_the_pump_sleeps_until_the_step_is_due(monkeypatch):
+    """Through a step the pump does not poll every HANDOFF_S: it sleeps until the step's expected end
+    (`Handoff.expect`, at most LONGEST_WAIT_S), then polls; an event left meanwhile reaches its queue."""
+    import collections
+
+    from localspec.server import handoff as module
+
+    class Request:  # (what a Job is to the hand-off)
+        def __init__(self) -> None:
+            self.box: collections.deque = collections.deque()
+            self.events: asyncio.Queue = asyncio.Queue()
+            self.loop = asyncio.get_running_loop()
+
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(delay, *args, **kwargs):
+        sleeps.append(delay)
+        return await real_sleep(delay, *args, **kwargs)
+
+    async def scenario() -> list:
+        handoff = module.Handoff()
+        request = Request()
+        monkeypatch.setattr(module.asyncio, "sleep", recorded)
+        handoff.expect(module.LONGEST_WAIT_S)
+        handoff.watch(request)
+        await real_sleep(module.LONGEST_WAIT_S + 0.005)
+        request.box.append("event")  # (as the engine's thread does, at the step's end)
+        got = await asyncio.wait_for(request.events.get(), 1.0)
+        handoff.expect(10.0)  # a long step: never asleep longer than LONGEST_WAIT_S
+        await real_sleep(0.06)
+        handoff.forget(request)
+        return got
+
+    assert asyncio.run(scenario()) == "event"
+    assert sleeps[0] >= module.LONGEST_WAIT_S - 0.01  # towards the step's end, not HANDOFF_S
+    assert max(sleeps) <= module.LONGEST_WAIT_S and sleeps[-1] > module.HANDOFF_S

@@ -3,17 +3,24 @@
 The engine's thread leaves each event in the request's box and never wakes the loop: a wake-up lets the
 loop take the GIL between two decodes, and the next decode then waits for the loop's work on the event
 (docs/history/2026-12-04-scheduler-over-core.md measures it per token). Instead each loop has one pump
-that moves every box into its request's queue every HANDOFF_S while requests are in flight, and stops
-when none is.
+that moves every box into its request's queue while requests are in flight, and stops when none is.
+The pump sleeps until the engine's current step is due to end (`expect`: the scheduler's thread says how
+long the step before took), then every HANDOFF_S until it ends: a wake-up costs the loop's thread CPU
+that llama.cpp's threads would have had, and polling every HANDOFF_S through a 35 ms step was seven of
+them a token (docs/history/2026-12-04-sequences-and-wire.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any, Protocol
 
 HANDOFF_S = 0.005
+# The longest the pump sleeps towards a step's expected end: a step that ends sooner than the one before
+# (a speculative round that drafted less) delays its events by at most this.
+LONGEST_WAIT_S = 0.025
 
 
 class Boxed(Protocol):
@@ -27,6 +34,12 @@ class Handoff:
         self._watched: dict[asyncio.AbstractEventLoop, set[Any]] = {}  # in flight, per loop
         self._pumping: set[asyncio.AbstractEventLoop] = set()
         self._pumps: set[asyncio.Task] = set()
+        self._due = 0.0  # (time.monotonic) when the engine's current step should end
+
+    def expect(self, seconds: float) -> None:
+        """(On the engine's thread, as a step starts.) It should take about this long: its events are
+        collected from then on."""
+        self._due = time.monotonic() + seconds
 
     @property
     def pumping(self) -> bool:
@@ -55,6 +68,6 @@ class Handoff:
                     box, events = request.box, request.events
                     while box:
                         events.put_nowait(box.popleft())
-                await asyncio.sleep(HANDOFF_S)
+                await asyncio.sleep(min(max(self._due - time.monotonic(), HANDOFF_S), LONGEST_WAIT_S))
         finally:
             self._pumping.discard(loop)

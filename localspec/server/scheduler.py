@@ -160,6 +160,7 @@ class Scheduler:
         self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
         self._handoff = Handoff()  # (event-loop side) events from this thread to the clients' loops
+        self._step_s = 0.0  # how long the latest step took: the next one's events are expected as long after
         engine.queued = self._queued  # shared steps price drafts by whether requests wait for a slot
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
         self._thread.start()
@@ -367,12 +368,15 @@ class Scheduler:
         urgent = [lane for a in self._active if a.job.urgent for lane in a.lanes]
         others = any(not a.job.urgent for a in self._active)
         started = self._clock()
+        self._handoff.expect(self._step_s)
+        began = time.monotonic()
         try:
             more = self.engine.step(urgent or None)
         except Exception as exc:  # keep serving after an engine failure; each client gets a 500
             more = False
             for admitted in list(self._active):
                 self._end(admitted, _as_served(exc))
+        self._step_s = time.monotonic() - began
         if urgent and others:
             self._allowance -= self._clock() - started
         waves = [a for a in self._active if a.done == a.next < a.job.params.n]
