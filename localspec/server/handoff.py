@@ -5,9 +5,9 @@ loop take the GIL between two decodes, and the next decode then waits for the lo
 (docs/history/2026-12-04-scheduler-over-core.md measures it per token). Instead each loop has one pump
 that moves every box into its request's queue while requests are in flight, and stops when none is.
 The pump sleeps until the engine's current step is due to end (`expect`: the scheduler's thread says how
-long the step before took), then every HANDOFF_S until it ends: a wake-up costs the loop's thread CPU
-that llama.cpp's threads would have had, and polling every HANDOFF_S through a 35 ms step was seven of
-them a token (docs/history/2026-12-04-sequences-and-wire.md).
+long the step before took), then every HANDOFF_S until it ends: every wake-up costs the loop's thread CPU
+that llama.cpp's threads would have had, and a step is many HANDOFF_S long
+(docs/history/2026-12-04-sequences-and-wire.md measures both).
 """
 
 from __future__ import annotations
