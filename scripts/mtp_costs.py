@@ -20,7 +20,7 @@ import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 import numpy as np
 
 from localspec.engine import backend
-from localspec.engine.calibration import measure_costs
+from localspec.engine.calibration import measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4)
 
@@ -29,10 +29,12 @@ def _filler(model, n: int) -> list[int]:
     return [(17 + 31 * i) % (model.n_vocab - 1) + 1 for i in range(n)]
 
 
-def verify_costs(path: str, mtp: bool, context: int) -> dict[int, float]:
+def verify_costs(path: str, mtp: bool, context: int, sizes: tuple[int, ...] = SIZES) -> dict[int, float]:
+    """Each size's verify (after going back, as a round does), and under 0 one position in a stream."""
     model = backend.Model(path, backend.ModelOptions(n_ctx=2048, mtp=mtp))
     try:
-        return measure_costs(model, sizes=SIZES, context_tokens=context, repeats=3)
+        costs = measure_costs(model, sizes=sizes, context_tokens=context, repeats=3)
+        return {0: stream_cost(model, context), **costs}
     finally:
         model.close()
 
@@ -80,18 +82,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--acceptance", type=float, nargs="+", default=[0.8, 0.6, 0.45],
                         help="chance each draft position is kept given the ones before (a published rate)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                        help="verify batch sizes to time (a GPU: up to 32 or 64)")
     args = parser.parse_args()
+    sizes = tuple(sorted(set(args.sizes) | {1}))
     runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
     for r in range(args.rounds):
         for mtp in ((False, True) if r % 2 == 0 else (True, False)):
-            runs[mtp].append(verify_costs(args.model, mtp, args.context))
-    costs = {mtp: {n: min(run[n] for run in runs[mtp]) for n in SIZES} for mtp in runs}
+            runs[mtp].append(verify_costs(args.model, mtp, args.context, sizes))
+    costs = {mtp: {n: min(run[n] for run in runs[mtp]) for n in (0, *sizes)} for mtp in runs}
     step = head_step(args.model, args.context)
-    plain = costs[False][1]
+    plain = costs[False][0]  # plain decoding: one position after another, nothing to go back over
     print(f"{args.model}, {args.context} tokens of context (fastest of {args.rounds} runs)")
     print("positions   without head   with head (following)   ratio")
-    for n in SIZES:
+    for n in sizes:
         print(f"{n:9d}   {costs[False][n] * 1e3:9.1f} ms   {costs[True][n] * 1e3:12.1f} ms   {costs[True][n] / costs[False][n]:10.3f}")
+    print(f"one position in a stream: {costs[False][0] * 1e3:.1f} ms without head, {costs[True][0] * 1e3:.1f} ms with it "
+          "(the verifies above each follow a rollback)")
     print(f"head step per draft token: {step * 1e3:.2f} ms = {step / plain:.3f} of a target token")
     k, ratio = expected_speedup(costs[True], step, args.acceptance, plain)
     rates = ", ".join(f"{a:.2f}" for a in args.acceptance)

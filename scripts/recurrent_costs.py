@@ -18,15 +18,17 @@ import time
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
-from localspec.engine.calibration import measure_costs
+from localspec.engine.calibration import measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4, 6, 8, 9, 12, 16)
 
 
 def verify_costs(path: str, rollback: int, context: int) -> dict[int, float]:
+    """Each size's verify (after going back, as a round does), and under 0 one position in a stream."""
     model = backend.Model(path, backend.ModelOptions(n_ctx=2048, rollback=rollback))
     try:
-        return measure_costs(model, sizes=SIZES, context_tokens=context, repeats=3)
+        costs = measure_costs(model, sizes=SIZES, context_tokens=context, repeats=3)
+        return {0: stream_cost(model, context), **costs}
     finally:
         model.close()
 
@@ -64,13 +66,15 @@ def main() -> None:
     for r in range(args.rounds):
         for rollback in ((8, 0) if r % 2 == 0 else (0, 8)):
             runs[rollback].append(verify_costs(args.gguf, rollback, args.context))
-    best = {rb: {n: min(c[n] for c in costs) for n in SIZES} for rb, costs in runs.items()}
+    best = {rb: {n: min(c[n] for c in costs) for n in (0, *SIZES)} for rb, costs in runs.items()}
     one = best[0][1]
     print(f"one position without snapshots: {one * 1000:.1f} ms (context {args.context})")
     print("  n  snapshots(8) ms  x one   none ms  x one   snapshots/none")
     for n in SIZES:
         a, b = best[8][n], best[0][n]
         print(f"{n:3d} {a * 1000:14.1f} {a / one:6.2f} {b * 1000:9.1f} {b / one:6.2f} {a / b:12.3f}")
+    print(f"one position in a stream (no rollback before it): {best[8][0] * 1000:.1f} ms with snapshots, "
+          f"{best[0][0] * 1000:.1f} ms without")
     take, restore, size = checkpoint_costs(args.gguf, args.context)
     print(f"checkpoint: {size / 2**20:.1f} MiB, taken in {take * 1000:.1f} ms, restored in {restore * 1000:.1f} ms "
           f"({take / one:.2f} and {restore / one:.2f} of one position)")

@@ -99,7 +99,7 @@ class Engine:
     def warnings(self) -> list[str]:
         """Problems met at load that the user should hear about (a stored history ignored, say)."""
         warnings = [d.warning for d in self._drafters if d.warning]
-        if self.target.max_rollback == 0:
+        if self.target.max_rollback == 0 and self.options.drafter != "none":
             warnings.append(plain_only_warning(self.target))
         return warnings
 

@@ -175,6 +175,25 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     return passes
 
 
+def stream_cost(model, context_tokens: int = 48, tokens: int = 24,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of one position decoded right after another, as plain decoding does: no rollback
+    between them, where every pass of `measure` goes back first (on a GPU, a hybrid's decode just after its
+    state went back was measured at ~10x one in a stream: docs/gpu.md). The cache is left empty."""
+    filler = [(17 + 31 * i) % max(model.n_vocab - 1, 1) + 1 for i in range(context_tokens + tokens)]
+    times = []
+    try:
+        model.truncate(0)
+        model.decode(filler[:context_tokens], 0, [context_tokens - 1])
+        for i in range(context_tokens, context_tokens + tokens):
+            t0 = clock()
+            model.decode([filler[i]], i, [0])
+            times.append(clock() - t0)
+    finally:
+        model.truncate(0)
+    return statistics.median(times[2:] or times)
+
+
 def costs_of(passes: dict[int, list[float]]) -> dict[int, float]:
     """Each size at the least it took in any pass; a smaller batch never costs more than a larger one."""
     costs = {n: min(times) for n, times in passes.items() if times}

@@ -52,10 +52,12 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
-    target = Model(target_path, ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                             n_seq=slots, devices=target_devices, tensor_split=tensor_split,
-                                             placement=placement, flash_attn=flash_attn,
-                                             mtp=drafter in ("auto", "mtp")))
+    # Plain decoding keeps no snapshots of a recurrent state: they are for dropping drafts, and on a GPU
+    # they cost ~10% of a token (docs/gpu.md, "Hybrid targets"); a follow-up still resumes at a checkpoint.
+    loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
+                          devices=target_devices, tensor_split=tensor_split, placement=placement,
+                          flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"))
+    target = Model(target_path, loaded.with_(rollback=0) if drafter == "none" else loaded)
     draft_model = self_model = eagle3 = None
     try:
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
