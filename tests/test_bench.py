@@ -276,3 +276,20 @@ def test_sessions_of_your_own_from_a_yaml_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("sessions:\n- requests: [a, b]\n")
     with pytest.raises(LocalspecError, match="is not a sessions file"):
         load_sessions([str(tmp_path / "bad.yaml")])
+
+
+def test_the_heads_estimate_is_the_best_length_at_published_acceptance():
+    from localspec.bench.estimate import Published, estimate
+    from localspec.engine.adaptive import CostModel
+
+    published = Published("a head", "somewhere", (0.8, 0.6, 0.3))
+    assert published.chained() == pytest.approx([0.8, 0.75, 0.5])
+    cost = CostModel({1: 0.10, 2: 0.11, 3: 0.12, 4: 0.20})
+    guess = estimate(cost, 0.01, published)
+    # k=1: 1.8 tokens in 0.12 s; k=2: 2.4 in 0.14 s (the best); k=3: 2.7 in 0.23 s; plain: 1 in 0.10 s
+    assert guess.draft_len == 2 and guess.speedup == pytest.approx(2.4 / 0.14 / 10)
+    assert guess.step_share == pytest.approx(0.1)
+    assert "1.71x plain decoding with 2-token drafts" in guess.describe()
+    assert "not a measured speed" in guess.describe() and "0.8/0.6/0.3 of drafts kept through positions 1-3" in guess.describe()
+    slow = estimate(CostModel({1: 0.10, 2: 0.30, 3: 0.45, 4: 0.60}), 0.05, published)
+    assert slow.draft_len == 0 and slow.speedup == pytest.approx(1.0) and "no gain" in slow.describe()

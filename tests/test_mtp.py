@@ -8,6 +8,7 @@ recorded by scripts/mtp_reference.py; with LOCALSPEC_LLAMA_SPECULATIVE naming th
 reference is also run live."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -173,3 +174,19 @@ async def test_the_chat_app_drafts_with_the_head(mtp_gguf):
             await pilot.pause(0.05)
         answer = app.history.messages(app.conversation.id)[-1]
         assert answer.status == "complete" and answer.stats["drafted"] > 0
+
+
+def test_bench_prints_the_heads_estimate_from_its_costs(mtp_gguf, kind, tmp_path):
+    """`localspec bench` on a file with a head measures what it ran and adds the estimate at published
+    acceptance, labelled as one (bench/estimate.py)."""
+    if kind != "mtp":
+        pytest.skip("one file is enough")
+    out = tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, "-m", "localspec.cli", "bench", str(mtp_gguf), "--suite", "chat",
+                           "--prompts", "1", "--max-tokens", "8", "--drafter", "mtp", "--temperature", "0",
+                           "--no-peers", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "MTP head, an estimate from this machine's costs, not a measured speed" in proc.stdout
+    assert "vllm-ascend/issues/9871" in proc.stdout
+    guess = json.loads(out.read_text())["meta"]["mtp_estimate"]
+    assert guess["kept"] == [0.867, 0.743, 0.615] and guess["speedup"] >= 1.0 and 0 < guess["step_share"]

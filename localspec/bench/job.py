@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any, Callable
 
+from localspec.bench.estimate import head_estimate
 from localspec.bench.report import SLOWER, draft_costs, markdown, meta, slower_prompts, summarize, to_json
 from localspec.bench.runner import DRAFTERS, bench, bench_sessions
 from localspec.bench.suites import SESSIONS, load_sessions, load_suites
@@ -71,12 +72,19 @@ def run(entry: str, *, drafter: str, suites: list[str], max_tokens: int, repeat:
         rows = summarize(runs, engine.cost.verify, draft_costs(engine))
         about = meta(engine, entry, max_tokens=max_tokens, repeat=repeat, temperatures=temperatures,
                      drafters=drafters, peers_not_run=not_run)
+        guess = head_estimate(engine)
+        if guess is not None:
+            about["mtp_estimate"] = {"speedup": round(guess.speedup, 3), "draft_len": guess.draft_len,
+                                     "step_share": round(guess.step_share, 4), "kept": guess.published.kept,
+                                     "source": guess.published.source}
     report = [markdown(rows), "\nSpeedups are against the faster plain decoding in this run (localspec's, or "
               "llama-cpp-python's `Llama` on the same file); first token: median from an empty cache, prompt included."]
     if notes := slower_prompts(rows):
         report.append("\nPrompts slower than localspec's plain decoding (below "
                       f"{SLOWER:.2f}x and below what this run's noise explains):\n{notes}")
     report += [f"{peer}: not run ({why})" for peer, why in not_run.items()]
+    if guess is not None:
+        report.append("\n" + guess.describe())
     report += [f"\n{role}: {name}, {human_bytes(size)}{note}" for role, name, size, note in about["draft_files"]]
     if json_path:
         Path(json_path).write_text(json.dumps(to_json(runs, rows, about), indent=1))
