@@ -6,6 +6,7 @@ A recurrent state holds no entry per position: llama.cpp keeps `n_rs_seq` snapsh
 follow-up start from the previous prompt's end."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,17 @@ def test_serve_answers_requests_at_once_with_a_hybrid_file(random_ggufs):
             together = list(pool.map(lambda q: ask(server, q), questions))
     assert together == alone
     assert all(alone)
+
+
+def test_bench_runs_llama_beside_a_hybrid_target(random_ggufs, tmp_path):
+    """The bench's `Llama` peer cannot drop an answer from a recurrent state, so it evaluates the prompt
+    again for every run (bench/peers.py) instead of failing the whole bench at the second run."""
+    out = tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, "-m", "localspec.cli", "bench", str(random_ggufs["qwen35"][0]),
+                           "--suite", "chat", "--prompts", "1", "--max-tokens", "8", "--repeat", "2",
+                           "--drafter", "ngram", "--temperature", "0", "--peer-prompts", "0", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    llama = [r for r in json.loads(out.read_text())["runs"] if r["variant"] == "llama-cpp-python"]
+    assert len(llama) == 2 and llama[0]["generated"] > 0
+    assert llama[0]["tokens"] == llama[1]["tokens"]  # greedy, and nothing of the first answer left behind

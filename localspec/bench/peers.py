@@ -55,13 +55,16 @@ class LlamaPeer:
     core: the fastest plain `Llama` there is (its default is half the cores)."""
 
     def __init__(self, path: Path, n_ctx: int, lookup: bool = False):
-        from llama_cpp import Llama
+        from llama_cpp import Llama, llama_model_is_hybrid, llama_model_is_recurrent
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         threads = os.cpu_count() or 1
         self.lookup = lookup
         self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
                          draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None)
+        # A recurrent state cannot drop the last answer (llama_decode refuses the next prompt): such a
+        # target's prompt is evaluated again for every run, before the timed part.
+        self.keeps_prompt = not (llama_model_is_recurrent(self.llm.model) or llama_model_is_hybrid(self.llm.model))
 
     @property
     def variant(self) -> str:
@@ -73,7 +76,7 @@ class LlamaPeer:
         # Keep the evaluated prompt (as llama-cpp-python's own prefix reuse would); drop the last answer.
         keep = len(tokens) - 1
         t_request = time.perf_counter()
-        if cold or llm.n_tokens > keep or \
+        if cold or not self.keeps_prompt or llm.n_tokens > keep or \
                 list(llm.input_ids[:min(llm.n_tokens, keep)]) != tokens[:min(llm.n_tokens, keep)]:
             llm.reset()
         if llm.n_tokens < keep:
