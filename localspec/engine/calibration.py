@@ -178,8 +178,8 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
 def stream_cost(model, context_tokens: int = 48, tokens: int = 24,
                 clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds of one position decoded right after another, as plain decoding does: no rollback
-    between them, where every pass of `measure` goes back first (on a GPU, a hybrid's decode just after its
-    state went back was measured at ~10x one in a stream: docs/gpu.md). The cache is left empty."""
+    between them, where every pass of `measure` goes back first (for a hybrid target on a GPU the two are far
+    apart: docs/gpu.md, "Hybrid targets and MTP heads"). The cache is left empty."""
     filler = [(17 + 31 * i) % max(model.n_vocab - 1, 1) + 1 for i in range(context_tokens + tokens)]
     times = []
     try:

@@ -52,8 +52,8 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
-    # Plain decoding keeps no snapshots of a recurrent state: they are for dropping drafts, and on a GPU
-    # they cost ~10% of a token (docs/gpu.md, "Hybrid targets"); a follow-up still resumes at a checkpoint.
+    # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
+    # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
     loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
                           devices=target_devices, tensor_split=tensor_split, placement=placement,
                           flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"))
