@@ -1,11 +1,11 @@
 """What drafting with a target's MTP head costs on this machine (docs/engine.md, "MTP heads"): the head's
 step per draft token against one target token, and what following the target (every decode mirrored into
-the head's cache) adds to the target's own decodes; then the speedup to expect from these costs and an
-acceptance rate you give (an estimate from costs, never a measured speed).
+the head's cache) adds to the target's own decodes; then the speedup to expect from these costs at the
+acceptance published for such a head, or rates you give (an estimate from costs, never a measured speed).
 
     .venv/bin/python scripts/random_gguf.py qwen35 /tmp/q35-4b-mtp-f16.gguf --shape qwen3.5-4b --mtp 1 --tokenizer QWEN.gguf
     .venv/bin/python -c "from localspec.engine.backend import quantize; quantize('/tmp/q35-4b-mtp-f16.gguf', '/tmp/q35-4b-mtp.gguf', 'Q4_K_M')"
-    .venv/bin/python scripts/mtp_costs.py /tmp/q35-4b-mtp.gguf [--acceptance 0.8 0.6 0.45]
+    .venv/bin/python scripts/mtp_costs.py /tmp/q35-4b-mtp.gguf [--kept 0.867 0.743 0.615]
 
 The loads with and without the head alternate which is measured first (order alone moves figures).
 """
@@ -17,16 +17,13 @@ import statistics
 import time
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
-import numpy as np
 
+from localspec.bench.estimate import QWEN35_MTP, Published, estimate
 from localspec.engine import backend
-from localspec.engine.calibration import measure_costs, stream_cost
+from localspec.engine.adaptive import CostModel
+from localspec.engine.calibration import filler, measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4)
-
-
-def _filler(model, n: int) -> list[int]:
-    return [(17 + 31 * i) % (model.n_vocab - 1) + 1 for i in range(n)]
 
 
 def verify_costs(path: str, mtp: bool, context: int, sizes: tuple[int, ...] = SIZES) -> dict[int, float]:
@@ -46,7 +43,7 @@ def head_step(path: str, context: int, steps: int = 12) -> float:
         head = model.mtp
         if head is None:
             raise SystemExit(f"{path} has no MTP head this build can run")
-        model.decode(_filler(model, context), 0, [])
+        model.decode(filler(model.n_vocab, context), 0, [])
         times = []
         hidden = head.hidden_at(0, context - 1)
         for i in range(steps + 1):
@@ -59,29 +56,14 @@ def head_step(path: str, context: int, steps: int = 12) -> float:
         model.close()
 
 
-def expected_speedup(costs: dict[int, float], step: float, acceptance: list[float], plain: float) -> tuple[int, float]:
-    """The best draft length and its tokens per second over plain decoding's, for chained acceptance
-    rates by position (each the chance a token is kept given the ones before were)."""
-    best = (0, 1.0)
-    for k in range(1, len(acceptance) + 1):
-        if k + 1 not in costs:
-            break
-        kept = np.cumprod(acceptance[:k])
-        tokens = 1.0 + float(kept.sum())
-        seconds = costs[k + 1] + k * step
-        ratio = tokens / seconds * plain
-        if ratio > best[1]:
-            best = (k, ratio)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--acceptance", type=float, nargs="+", default=[0.8, 0.6, 0.45],
-                        help="chance each draft position is kept given the ones before (a published rate)")
+    parser.add_argument("--kept", type=float, nargs="+", default=list(QWEN35_MTP.kept),
+                        help="share of drafts whose first 1, 2, ... tokens were all kept (vLLM's per-position "
+                             "acceptance); default: the rates published for Qwen3.5 (bench/estimate.py)")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
                         help="verify batch sizes to time (a GPU: up to 32 or 64)")
     args = parser.parse_args()
@@ -100,10 +82,10 @@ def main() -> None:
     print(f"one position in a stream: {costs[False][0] * 1e3:.1f} ms without head, {costs[True][0] * 1e3:.1f} ms with it "
           "(the verifies above each follow a rollback)")
     print(f"head step per draft token: {step * 1e3:.2f} ms = {step / plain:.3f} of a target token")
-    k, ratio = expected_speedup(costs[True], step, args.acceptance, plain)
-    rates = ", ".join(f"{a:.2f}" for a in args.acceptance)
-    print(f"estimate from these costs at acceptance {rates} by position: {ratio:.2f}x plain decoding "
-          f"with {k}-token drafts (an estimate, not a measured speed)")
+    published = QWEN35_MTP if args.kept == list(QWEN35_MTP.kept) else Published("the rates given", "--kept", tuple(args.kept))
+    verifies = CostModel({n: c for n, c in costs[True].items() if n})
+    print(estimate(verifies, step, published, plain_s=plain).describe()
+          + " Plain decoding here: the load without the head, one position in a stream.")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import time
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
-from localspec.engine.calibration import measure_costs, stream_cost
+from localspec.engine.calibration import filler, measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4, 6, 8, 9, 12, 16)
 
@@ -37,15 +37,15 @@ def checkpoint_costs(path: str, context: int, repeats: int = 5) -> tuple[float, 
     """Seconds to take a checkpoint, seconds to go back to it (restore), and its size in bytes."""
     model = backend.Model(path, backend.ModelOptions(n_ctx=2048))
     try:
-        filler = [(17 + 31 * i) % (model.n_vocab - 1) + 1 for i in range(context + 16)]
-        model.decode(filler[:context], 0, [])
+        tokens = filler(model.n_vocab, context + 16)
+        model.decode(tokens[:context], 0, [])
         take, restore = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
             model.checkpoint()
             take.append(time.perf_counter() - t0)
             for i in range(12):  # one token a decode: the snapshots reach back no further than one
-                model.decode([filler[context + i]], context + i, [])
+                model.decode([tokens[context + i]], context + i, [])
             t0 = time.perf_counter()
             held = model.truncate(context + 2)
             restore.append(time.perf_counter() - t0)

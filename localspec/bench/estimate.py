@@ -48,10 +48,13 @@ class Estimate:
                 f"{self.published.source}). A head step costs {self.step_share:.2f} of a target token here.")
 
 
-def estimate(cost: CostModel, step_s: float, published: Published = QWEN35_MTP) -> Estimate:
-    plain = 1.0 / cost.verify(1)
+def estimate(cost: CostModel, step_s: float, published: Published = QWEN35_MTP,
+             plain_s: float | None = None) -> Estimate:
+    """`cost`: the target's verifies with the head following; `plain_s`: plain decoding's seconds per token
+    where it differs from one such verify (a load without the head: scripts/mtp_costs.py)."""
+    plain_s = plain_s or cost.verify(1)
     k, rate = best_length(published.chained(), cost, step_s, margin=0.0)
-    return Estimate(rate / plain, k, step_s * plain, published)
+    return Estimate(rate * plain_s, k, step_s / plain_s, published)
 
 
 def head_estimate(engine) -> Estimate | None:

@@ -134,6 +134,11 @@ class Interrupted(Exception):
     """A measurement given up because a request arrived."""
 
 
+def filler(n_vocab: int, n: int) -> list[int]:
+    """n ordinary token ids spread over the vocabulary: a context whose content does not matter to a cost."""
+    return [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(n)]
+
+
 def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 3,
             clock: Callable[[], float] = time.perf_counter, prefill: bool = False,
             interrupt: Callable[[], bool] = lambda: False) -> dict[int, list[float]]:
@@ -143,29 +148,28 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     Each repeat is a pass over every size, so a slow spell (RPC workers warming up after the load,
     another process) slows every size of one pass rather than one size's repeats. `interrupt` is
     asked between sizes; when it says so, Interrupted is raised (the cache is emptied first)."""
-    n_vocab = model.n_vocab
-    filler = [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(context_tokens + max(sizes))]
+    tokens = filler(model.n_vocab, context_tokens + max(sizes))
     fits = [n for n in sizes if context_tokens + n <= model.n_ctx]
     passes: dict[int, list[float]] = {n: [] for n in fits}
 
     def back_to_context() -> None:
         if model.truncate(context_tokens) < context_tokens:  # a recurrent state that cannot go back
-            model.decode(filler[:context_tokens], 0, [])
+            model.decode(tokens[:context_tokens], 0, [])
 
     try:
         model.truncate(0)
-        model.decode(filler[:context_tokens], 0, [context_tokens - 1])
-        model.decode(filler[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up: one position
+        model.decode(tokens[:context_tokens], 0, [context_tokens - 1])
+        model.decode(tokens[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up: one position
         back_to_context()
         if fits:  # and the largest batch (the first pass after a load was the slow one at the large sizes)
-            model.decode(filler[context_tokens:context_tokens + max(fits)], context_tokens,
+            model.decode(tokens[context_tokens:context_tokens + max(fits)], context_tokens,
                          [max(fits) - 1] if prefill else list(range(max(fits))))
             back_to_context()
         for _ in range(repeats):
             for n in fits:
                 if interrupt():
                     raise Interrupted
-                batch = filler[context_tokens:context_tokens + n]
+                batch = tokens[context_tokens:context_tokens + n]
                 t0 = clock()
                 model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
                 passes[n].append(clock() - t0)
@@ -180,14 +184,14 @@ def stream_cost(model, context_tokens: int = 48, tokens: int = 24,
     """Median seconds of one position decoded right after another, as plain decoding does: no rollback
     between them, where every pass of `measure` goes back first (for a hybrid target on a GPU the two are far
     apart: docs/gpu.md, "Hybrid targets and MTP heads"). The cache is left empty."""
-    filler = [(17 + 31 * i) % max(model.n_vocab - 1, 1) + 1 for i in range(context_tokens + tokens)]
+    context = filler(model.n_vocab, context_tokens + tokens)
     times = []
     try:
         model.truncate(0)
-        model.decode(filler[:context_tokens], 0, [context_tokens - 1])
+        model.decode(context[:context_tokens], 0, [context_tokens - 1])
         for i in range(context_tokens, context_tokens + tokens):
             t0 = clock()
-            model.decode([filler[i]], i, [0])
+            model.decode([context[i]], i, [0])
             times.append(clock() - t0)
     finally:
         model.truncate(0)
