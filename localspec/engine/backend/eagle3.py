@@ -19,7 +19,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.gguf import _load_model, _Metadata
+from localspec.engine.backend.gguf import _load_model, _Metadata, read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
@@ -30,13 +30,7 @@ ENCODER_CHUNK = 64  # positions the encoder fuses per call (its outputs are rows
 
 def is_eagle3(path: Path) -> bool:
     """Whether a GGUF is an EAGLE-3 draft (read from its header, without loading it)."""
-    import gguf
-
-    try:
-        field = gguf.GGUFReader(path).fields.get("general.architecture")
-    except (OSError, ValueError):
-        return False
-    return field is not None and field.contents() == "eagle3"
+    return read_architecture(path) == "eagle3"
 
 
 class Eagle3Draft(_Metadata):

@@ -4,6 +4,7 @@ speculative decoding can do with its state (`_Metadata`), a vocabulary-only load
 from __future__ import annotations
 
 import ctypes
+import struct
 from pathlib import Path
 
 import llama_cpp as L
@@ -18,6 +19,46 @@ VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: 
 # Snapshots of a recurrent state kept per decode (llama.cpp's n_rs_seq): the longest draft a hybrid
 # target can take back (ModelOptions.rollback).
 ROLLBACK_POSITIONS = 8
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
+_STRING, _ARRAY = 8, 9
+
+
+def read_architecture(path: Path) -> str | None:
+    """`general.architecture` from a GGUF's header, read key by key up to it (writers put it first).
+    gguf-py's reader builds every key, the tokenizer's strings one by one included: seconds at every load
+    of a pair for this one value. None when the file is not a GGUF (v2 or v3)."""
+
+    def skip(f, kind: int) -> None:
+        if kind in _SCALAR_SIZES:
+            f.seek(_SCALAR_SIZES[kind], 1)
+        elif kind == _STRING:
+            f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+        elif kind == _ARRAY:
+            item, count = struct.unpack("<IQ", f.read(12))
+            if item in _SCALAR_SIZES:
+                f.seek(_SCALAR_SIZES[item] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(f, item)
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+
+    try:
+        with open(path, "rb") as f:
+            magic, version, _tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+            if magic != b"GGUF" or version not in (2, 3):
+                return None
+            for _ in range(n_kv):
+                key = f.read(struct.unpack("<Q", f.read(8))[0])
+                kind = struct.unpack("<I", f.read(4))[0]
+                if key == b"general.architecture" and kind == _STRING:
+                    return f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+                skip(f, kind)
+    except (OSError, ValueError, struct.error):
+        return None
+    return None
 
 
 def _load_model(path: Path, *, vocab_only: bool, n_gpu_layers: int = 0, load_mode: int = L.LLAMA_LOAD_MODE_AUTO,
