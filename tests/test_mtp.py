@@ -37,14 +37,18 @@ def reference(kind) -> dict:
     return recorded(kind)
 
 
-@pytest.fixture(scope="module")
-def mtp_gguf(smollm2_path, kind) -> Path:
+def _random_file(kind: str, smollm2_path: Path) -> Path:
     folder = TEST_CACHE / "random-ggufs"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / KINDS[kind]
     if not path.exists():
         SCRIPT.write_file(path, smollm2_path, kind)
     return path
+
+
+@pytest.fixture(scope="module")
+def mtp_gguf(smollm2_path, kind) -> Path:
+    return _random_file(kind, smollm2_path)
 
 
 @pytest.fixture(scope="module")
@@ -176,13 +180,12 @@ async def test_the_chat_app_drafts_with_the_head(mtp_gguf):
         assert answer.status == "complete" and answer.stats["drafted"] > 0
 
 
-def test_bench_prints_the_heads_estimate_from_its_costs(mtp_gguf, kind, tmp_path):
+def test_bench_prints_the_heads_estimate_from_its_costs(smollm2_path, tmp_path):
     """`localspec bench` on a file with a head measures what it ran and adds the estimate at published
     acceptance, labelled as one (bench/estimate.py)."""
-    if kind != "mtp":
-        pytest.skip("one file is enough")
     out = tmp_path / "runs.json"
-    proc = subprocess.run([sys.executable, "-m", "localspec.cli", "bench", str(mtp_gguf), "--suite", "chat",
+    path = _random_file("mtp", smollm2_path)
+    proc = subprocess.run([sys.executable, "-m", "localspec.cli", "bench", str(path), "--suite", "chat",
                            "--prompts", "1", "--max-tokens", "8", "--drafter", "mtp", "--temperature", "0",
                            "--no-peers", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
