@@ -192,4 +192,7 @@ def test_bench_prints_the_heads_estimate_from_its_costs(smollm2_path, tmp_path):
     assert "MTP head, an estimate from this machine's costs, not a measured speed" in proc.stdout
     assert "vllm-ascend/issues/9871" in proc.stdout
     guess = json.loads(out.read_text())["meta"]["mtp_estimate"]
-    assert guess["kept"] == [0.867, 0.743, 0.615] and guess["speedup"] >= 1.0 and 0 < guess["step_share"]
+    assert guess["kept"] == [0.867, 0.743, 0.615] and 0 < guess["step_share"]
+    said = f"{guess['speedup']:.2f}x plain decoding with {guess['draft_len']}-token drafts" if guess["draft_len"] \
+        else "no gain: at these costs plain decoding is faster"
+    assert said in proc.stdout
