@@ -1,5 +1,6 @@
 """`localspec check`: llama.cpp's pairing rules on real GGUF vocabularies."""
 
+import struct
 import subprocess
 import sys
 
@@ -84,26 +85,23 @@ def test_truncated_weights_are_refused_when_loading_the_model(smollm2_path, tmp_
         Model(bad, ModelOptions(n_ctx=256))
 
 
-def _kv_string(key: str, value: str) -> bytes:
-    import struct
+def _gguf_key(name: str) -> bytes:
+    return struct.pack("<Q", len(name)) + name.encode()
 
-    k, v = key.encode(), value.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
+
+def _kv_string(key: str, value: str) -> bytes:
+    return _gguf_key(key) + struct.pack("<IQ", 8, len(value)) + value.encode()
 
 
 def test_the_architecture_is_read_from_the_header_past_keys_of_every_kind(tmp_path):
     """read_architecture skips scalars, strings and arrays (of strings too) to find the key, wherever it is."""
-    import struct
-
     from localspec.engine.backend.gguf import read_architecture
 
-    def key(name: str) -> bytes:
-        return struct.pack("<Q", len(name)) + name.encode()
-
     strings = [b"a", b"bc", b"def"]
-    kvs = [key("n") + struct.pack("<IQ", 10, 7),
-           key("tokens") + struct.pack("<IIQ", 9, 8, len(strings)) + b"".join(struct.pack("<Q", len(x)) + x for x in strings),
-           key("scores") + struct.pack("<IIQ", 9, 6, 2) + struct.pack("<2f", 0.5, 1.5),
+    kvs = [_gguf_key("n") + struct.pack("<IQ", 10, 7),
+           _gguf_key("tokens") + struct.pack("<IIQ", 9, 8, len(strings))
+           + b"".join(struct.pack("<Q", len(x)) + x for x in strings),
+           _gguf_key("scores") + struct.pack("<IIQ", 9, 6, 2) + struct.pack("<2f", 0.5, 1.5),
            _kv_string("general.name", "x"), _kv_string("general.architecture", "eagle3")]
     path = tmp_path / "late.gguf"
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
