@@ -13,6 +13,7 @@ The two loads alternate which is measured first (order alone moves figures on sm
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
@@ -38,14 +39,16 @@ def checkpoint_costs(path: str, context: int, repeats: int = 5) -> tuple[float, 
     model = backend.Model(path, backend.ModelOptions(n_ctx=2048))
     try:
         tokens = filler(model.n_vocab, context + 16)
-        model.decode(tokens[:context], 0, [])
+        # every decode here asks for logits: reading them waits for a GPU's asynchronous decode, which the
+        # clock would otherwise charge to the checkpoint (calibration.measure does the same)
+        model.decode(tokens[:context], 0, [context - 1])
         take, restore = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
             model.checkpoint()
             take.append(time.perf_counter() - t0)
             for i in range(12):  # one token a decode: the snapshots reach back no further than one
-                model.decode([tokens[context + i]], context + i, [])
+                model.decode([tokens[context + i]], context + i, [0])
             t0 = time.perf_counter()
             held = model.truncate(context + 2)
             restore.append(time.perf_counter() - t0)
@@ -55,13 +58,54 @@ def checkpoint_costs(path: str, context: int, repeats: int = 5) -> tuple[float, 
         model.close()
 
 
+def after_rollback(path: str, context: int, mtp: bool, repeats: int = 12) -> dict[str, float]:
+    """Median ms of one position decoded: in a stream; right after going back one position (a batch of the
+    same shape each time); and the first, second and third after a 4-position batch went back (the shape a
+    speculative round leaves). On CUDA these tell whether the graphs ggml captures are re-captured."""
+    model = backend.Model(path, backend.ModelOptions(n_ctx=2048, rollback=8, mtp=mtp))
+    tokens = filler(model.n_vocab, context + 16 * repeats)
+    times: dict[str, list[float]] = {k: [] for k in ("stream", "same shape", "1st after 4", "2nd after 4", "3rd after 4")}
+
+    def one(pos: int, key: str) -> None:
+        t0 = time.perf_counter()
+        model.decode([tokens[pos]], pos, [0])
+        times[key].append(time.perf_counter() - t0)
+
+    try:
+        model.decode(tokens[:context], 0, [context - 1])
+        pos = context
+        for _ in range(2 * repeats):
+            one(pos, "stream")
+            pos += 1
+        for _ in range(repeats):
+            one(pos, "same shape")
+            model.truncate(pos)
+        for _ in range(repeats):
+            model.decode(tokens[pos:pos + 4], pos, [0, 1, 2, 3])
+            model.truncate(pos)
+            for key in ("1st after 4", "2nd after 4", "3rd after 4"):
+                one(pos, key)
+                pos += 1
+        return {k: statistics.median(v[2:] if k == "stream" else v) * 1000 for k, v in times.items()}
+    finally:
+        model.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("gguf")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--context", type=int, default=200, help="tokens already in the cache")
+    ap.add_argument("--after-rollback", action="store_true",
+                    help="only time one position in a stream against one right after going back")
     args = ap.parse_args()
     print(backend.system_info())
+    if args.after_rollback:
+        for mtp in (False, True):
+            got = after_rollback(args.gguf, args.context, mtp)
+            print(f"one position, ms (MTP head {'following' if mtp else 'not loaded'}): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
+        return
     runs: dict[int, list[dict[int, float]]] = {8: [], 0: []}
     for r in range(args.rounds):
         for rollback in ((8, 0) if r % 2 == 0 else (0, 8)):

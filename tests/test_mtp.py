@@ -20,7 +20,7 @@ from conftest import TEST_CACHE
 from reference_drafts import SCRIPT, assert_drafts_match, drafts_of, recorded
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions
-from localspec.engine.events import answer_tokens
+from localspec.engine.events import Round, answer_tokens
 
 pytestmark = pytest.mark.model
 
@@ -104,16 +104,35 @@ def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf, referen
     left; llama.cpp does the same with its stale state)."""
     first = answer_tokens(engine.generate(reference["prompt"], max_tokens=12, drafter="mtp", draft_len=3))
     follow_up = engine.vocab.tokenize(reference["prompt"]) + first + engine.vocab.tokenize(" more", add_special=False)
-    continued, _ = drafts_of(engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
+    continued_events = list(engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
     target = Model(mtp_gguf, ModelOptions(n_ctx=1024))
     try:
         fresh_engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
                               draft_cost_s=0.001)
-        fresh, _ = drafts_of(fresh_engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
+        fresh_events = list(fresh_engine.generate(follow_up, max_tokens=24, drafter="mtp", draft_len=3))
     finally:
         target.close()
-    assert len(continued) == len(fresh) > 5
+    # Where the target's own answers part, the drafts cannot agree: on a CPU they never part (its kernels
+    # round a row alike whatever the batch), on a GPU they may (the follow-up's prompt is evaluated in other
+    # batch shapes than a fresh start's: docs/gpu.md), and the drafts are compared before that point.
+    answers = answer_tokens(continued_events), answer_tokens(fresh_events)
+    if engine.target.options.gpu_layers() == 0:
+        assert answers[0] == answers[1]
+    parted = next((i for i, (a, b) in enumerate(zip(*answers)) if a != b), min(map(len, answers)))
+    continued, fresh = drafts_before(continued_events, parted), drafts_before(fresh_events, parted)
+    assert len(continued) == len(fresh) > (5 if parted == len(answers[0]) else 0)
     assert sum(a != b for a, b in zip(continued, fresh)) <= 1
+
+
+def drafts_before(events, end: int) -> list[list[int]]:
+    """The drafts of the rounds that drafted only for answer positions before `end`."""
+    drafts, start = [], 0
+    for event in events:
+        if isinstance(event, Round):
+            if event.drafted and start + event.drafted <= end:
+                drafts.append(list(event.accepted + event.rejected))
+            start += len(event.accepted) + (event.token is not None)
+    return drafts
 
 
 def test_run_answers_with_the_mtp_drafter_and_check_names_the_head(mtp_gguf, smollm2_path):

@@ -148,32 +148,42 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     Each repeat is a pass over every size, so a slow spell (RPC workers warming up after the load,
     another process) slows every size of one pass rather than one size's repeats. `interrupt` is
     asked between sizes; when it says so, Interrupted is raised (the cache is emptied first)."""
-    tokens = filler(model.n_vocab, context_tokens + max(sizes))
-    fits = [n for n in sizes if context_tokens + n <= model.n_ctx]
+    # A recurrent state drops at most the positions of its last decode but the first (kv.py): after each
+    # batch it keeps that one, as a verify keeps the token it started from, and the context grows by one.
+    recurrent = model.max_rollback is not None
+    growth = (repeats * len(sizes) + 2) if recurrent else 0
+    tokens = filler(model.n_vocab, context_tokens + growth + max(sizes))
+    fits = [n for n in sizes if context_tokens + growth + n <= model.n_ctx]
     passes: dict[int, list[float]] = {n: [] for n in fits}
+    base = context_tokens
 
-    def back_to_context() -> None:
-        if model.truncate(context_tokens) < context_tokens:  # a recurrent state that cannot go back
-            model.decode(tokens[:context_tokens], 0, [])
+    def go_back() -> None:
+        nonlocal base
+        keep = base + 1 if recurrent else base
+        held = model.truncate(keep)
+        if held < keep:  # gone back to a checkpoint (no snapshots): the rest again, with the last logits, whose
+            # reading waits for a GPU's asynchronous decode (the next size's clock must not time it)
+            model.decode(tokens[held:keep], held, [keep - held - 1])
+        base = keep
 
     try:
         model.truncate(0)
         model.decode(tokens[:context_tokens], 0, [context_tokens - 1])
-        model.decode(tokens[context_tokens:context_tokens + 1], context_tokens, [0])  # warm-up: one position
-        back_to_context()
+        model.decode(tokens[base:base + 1], base, [0])  # warm-up: one position
+        go_back()
         if fits:  # and the largest batch (the first pass after a load was the slow one at the large sizes)
-            model.decode(tokens[context_tokens:context_tokens + max(fits)], context_tokens,
-                         [max(fits) - 1] if prefill else list(range(max(fits))))
-            back_to_context()
+            n = max(fits)
+            model.decode(tokens[base:base + n], base, [n - 1] if prefill else list(range(n)))
+            go_back()
         for _ in range(repeats):
             for n in fits:
                 if interrupt():
                     raise Interrupted
-                batch = tokens[context_tokens:context_tokens + n]
+                batch = tokens[base:base + n]
                 t0 = clock()
-                model.decode(batch, context_tokens, [n - 1] if prefill else list(range(n)))
+                model.decode(batch, base, [n - 1] if prefill else list(range(n)))
                 passes[n].append(clock() - t0)
-                back_to_context()
+                go_back()
     finally:
         model.truncate(0)
     return passes

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device check (docs/gpu.md): a CUDA build of llama-cpp-python 0.3.36, then at Qwen3.5-4B's shape
-# (random weights, Q4_K_M) the MTP and recurrent costs (verifies after a rollback, one position in a
-# stream), the same with CUDA graphs off, and the hybrid/MTP tests. ~8 minutes on an H200 with 16 cores.
+# (random weights, Q4_K_M) one position decoded in a stream against right after a rollback (CUDA
+# graphs on and off), the MTP and recurrent costs, and the hybrid/MTP tests. ~6 minutes on an H200 with 16 cores.
 # Prepare .gpu/ with scripts/device/prepare.sh, then: device run `bash scripts/device/check.sh`, carry .gpu
 REPO=$PWD
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
@@ -20,17 +20,16 @@ wait $GEN || { cat /tmp/gguf.log; exit 1; }
 python3 -c "from localspec.engine.backend import quantize; quantize('/tmp/q35-f16.gguf', '/tmp/q35.gguf', 'Q4_K_M')" > /dev/null 2>&1
 rm -f /tmp/q35-f16.gguf; el quantized
 QUIET='^llama_\|^load\|^print_info\|^ggml\|^common\|^graph\|^sched\|^create_\|^init\|^\.\|^$'
-for graphs in on off; do
-  [ $graphs = off ] && export GGML_CUDA_DISABLE_GRAPHS=1
-  echo "== CUDA graphs $graphs"
-  timeout 90 python3 scripts/mtp_costs.py /tmp/q35.gguf --context 512 --rounds 2 --sizes 1 2 4 8 16 32 2>&1 | grep -v "$QUIET"
-  timeout 60 python3 scripts/recurrent_costs.py /tmp/q35.gguf --rounds 1 2>&1 | grep -v "$QUIET"
-  el costs graphs $graphs
-done
+timeout 60 python3 scripts/recurrent_costs.py /tmp/q35.gguf --after-rollback 2>&1 | grep -v "$QUIET"
+GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 python3 scripts/recurrent_costs.py /tmp/q35.gguf --after-rollback 2>&1 \
+  | grep -v "$QUIET" | sed 's/^/CUDA graphs off: /'
+timeout 75 python3 scripts/mtp_costs.py /tmp/q35.gguf --context 512 --rounds 1 --sizes 1 2 4 8 16 32 2>&1 | grep -v "$QUIET"
+timeout 75 python3 scripts/recurrent_costs.py /tmp/q35.gguf --rounds 1 2>&1 | grep -v "$QUIET"
+el costs
 unset GGML_CUDA_DISABLE_GRAPHS
 # llama_cpp before pytest: pytest's plugins load before conftest, and numpy first crashes a CUDA build
 export GPU_SMOLLM2_VOCAB=$REPO/.gpu/smollm2-vocab.gguf LOCALSPEC_TEST_CACHE=/tmp/tc
-timeout $(( 560 - ($(date +%s) - T0) )) python3 -c "import llama_cpp, sys, pytest; sys.exit(pytest.main(sys.argv[1:]))" \
+timeout $(( 480 - ($(date +%s) - T0) )) python3 -c "import llama_cpp, sys, pytest; sys.exit(pytest.main(sys.argv[1:]))" \
   -p vocab_plugin -p no:cacheprovider tests/test_hybrid.py tests/test_mtp.py \
   --deselect tests/test_mtp.py::test_mtp_on_a_file_without_heads_is_a_clear_error -q -rs 2>&1 | tail -40
 el end
