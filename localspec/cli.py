@@ -277,7 +277,7 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
                    "that generation when a slot is free: both are decoded in the same steps).")
 @click.option("--no-interject", is_flag=True,
               help="Make an editor's completions wait for the answer being generated to end (by default they run "
-                   "between its rounds, on another slot).")
+                   "beside it, in its steps, on another slot, within a share of the time).")
 @click.option("--temp", "temperature", type=click.FloatRange(0, 5), default=None,
               help="Temperature for requests that set none (0: greedy, reproducible completions). Default: each "
                    "dialect's own (llama.cpp 0.8, OpenAI 1.0, Ollama 0.8).")

@@ -88,7 +88,7 @@ COMPLETIONS = [[0, 20, 21, 22, 23, 20, 21], [0, 4, 4, 4, 4], [0, 30, 2, 3, 17, 3
 
 async def _chat_with_many_completions(scheduler: Scheduler) -> tuple[list, list[list], list[str]]:
     finished: list[str] = []
-    chat = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(200, drafter="none"), endpoint="chat"),
+    chat = asyncio.create_task(_run(scheduler, Job(CHAT, GenerationParams(400, drafter="none"), endpoint="chat"),
                                     finished, "chat"))  # (plain: a round per token, a long answer)
     while not scheduler.running:
         await asyncio.sleep(0.001)
@@ -99,9 +99,9 @@ async def _chat_with_many_completions(scheduler: Scheduler) -> tuple[list, list[
 
 
 def test_completions_take_at_most_their_share_of_a_generating_answer():
-    """Six completions at once while a chat generates: each runs between two of the chat's rounds, but
-    together they take at most URGENT_SHARE of the time (after URGENT_BURST_S), so the chat keeps the
-    rest; every answer is its solo answer."""
+    """Six completions at once while a chat generates: one at a time, each joins the chat's steps, but
+    together they add at most URGENT_SHARE of the time to them (after URGENT_BURST_S), so the chat keeps
+    the rest; every answer is its solo answer."""
     from localspec.server.scheduler import URGENT_BURST_S, URGENT_SHARE
 
     scheduler = _scheduler()
@@ -109,7 +109,7 @@ def test_completions_take_at_most_their_share_of_a_generating_answer():
         chat, completions, finished = asyncio.run(_chat_with_many_completions(scheduler))
     finally:
         scheduler.close()
-    assert answer_tokens(chat) == _plain(CHAT, 200)
+    assert answer_tokens(chat) == _plain(CHAT, 400)
     assert [answer_tokens(c) for c in completions] == [_plain(p, 12) for p in COMPLETIONS]
     assert finished[-1] == "chat" and scheduler.interjected == len(COMPLETIONS)
     log = scheduler.engine.target.log

@@ -70,7 +70,7 @@ def prometheus_text(metrics: Metrics, model: str, *, queue_depth: int, running: 
     metric("queue_depth", "gauge", "Requests running or waiting.", queue_depth)
     metric("requests_running", "gauge", "Requests generating now (an editor's completion runs between a chat's "
            "rounds).", running)
-    metric("interjected_total", "counter", "Completions run between the rounds of another generation.",
+    metric("interjected_total", "counter", "Completions run beside another generation.",
            interjected)
     metric("joined_total", "counter", "Requests that joined another's generation (decoded in the same steps).",
            joined)

@@ -31,7 +31,7 @@ DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: no edito
 def served_for(engine: Engine | HostedEngine, entry_id: str, temperature: float | None = None,
                interject: bool = True, join: bool = True) -> Served:
     """The engine under the names clients may use: the entry id, the target's id and file name, 'localspec'.
-    `interject`: an editor's completions run between the rounds of a chat's answer; `join`: a request
+    `interject`: an editor's completions run beside a chat's answer, in its steps; `join`: a request
     arriving while another generates joins it when a slot is free (server/scheduler.py)."""
     assert engine.target.path is not None, "a served engine's target is a GGUF file"
     target_path = Path(engine.target.path)

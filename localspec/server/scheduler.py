@@ -9,10 +9,11 @@ chat's next turn) reuse the KV cache the engine keeps in its slots.
 
 The policy:
 - a latency-bound request (`Job.urgent`: a completion at an editor's cursor, worth nothing late) does
-  not wait for a chat's answer to end: it is admitted into a free slot and stepped alone until it ends
-  while the others wait; completions take at most URGENT_SHARE of the time while another answer is
-  generated (a token bucket of URGENT_BURST_S), so a chat keeps the rest however fast an editor asks;
-  one its editor abandoned while it waited never runs;
+  not wait for a chat's answer to end: it is admitted into a free slot, one at a time, and joins the
+  steps of the answers being generated (its prompt in chunks that keep a step short); what it adds to
+  those steps is held to URGENT_SHARE of the time (a token bucket of URGENT_BURST_S), beyond which the
+  steps leave it out, so a chat keeps the rest however fast an editor asks; alone, it is stepped as
+  any request; one its editor abandoned while it waited never runs;
 - any other request is admitted while a slot is free (beyond one kept for completions while an editor
   has asked for one in the last EDITOR_IDLE_S): its prompt is evaluated in chunks within the
   following steps, then all are decoded in one `llama_decode` per step, so a second chat starts at
@@ -49,7 +50,7 @@ class Job:
     tokens: list[int]
     params: GenerationParams
     endpoint: str = ""
-    urgent: bool = False       # latency-bound (a completion at an editor's cursor): stepped alone, others waiting
+    urgent: bool = False       # latency-bound (a completion at an editor's cursor): joins running steps within a share
     cancel: threading.Event = field(default_factory=threading.Event)  # ends every sequence (the client left)
     cancels: list[threading.Event] = field(default_factory=list)     # each sequence's own
     limited: list[bool] = field(default_factory=list)  # the dialect ended it for an editor limit (n_indent, …)
@@ -86,11 +87,12 @@ def _settle(done: asyncio.Future, value: Any, error: BaseException | None) -> No
     else:
         done.set_result(value)
 
-# While an answer is generated, completions are stepped alone in at most this share of the time, after
-# a first burst of this many seconds; between a chat's answers they go first, so the chat keeps a little
-# less than the rest. The trade (completion latency against the chat's rate) is measured by
-# scripts/serve_suite.py --scenarios editor+chat (docs/performance.md, "Completions while a chat streams").
-URGENT_SHARE = 0.25
+# While an answer is generated, a completion joined to its steps may add at most this share of the time
+# to them, after a first burst of this many seconds; between a chat's answers completions go first, so
+# the chat keeps a little less than the rest. The trade (completion latency against the chat's rate) is
+# measured by scripts/serve_suite.py --scenarios editor+chat (docs/performance.md, "Completions while a
+# chat streams"; joined against stepped alone: docs/history/2026-12-04-editor-joined.md).
+URGENT_SHARE = 0.2
 URGENT_BURST_S = 1.0
 # The engine measures its costs again between requests (Engine.maintain) only after this many seconds
 # with none: a request arriving meanwhile waits for the batch being measured (up to ~1.5 s on a 2-core
@@ -153,13 +155,14 @@ class Scheduler:
         self.interject = interject and engine.concurrent
         self.batch = batch and engine.concurrent
         self._active: list[_Admitted] = []  # jobs in the engine now, oldest first
-        self.interjected = 0  # urgent jobs run between another's steps so far
+        self.interjected = 0  # urgent jobs run beside another generation so far
         self.joined = 0       # jobs admitted while others generated so far
         self._allowance = URGENT_BURST_S  # seconds urgent jobs may take now from the answers being generated
         self._allowance_at = clock()
         self._editor_at: float | None = None  # when the latest urgent job arrived
         self.maintenance = ""  # what the engine last did between requests
         self._handoff = Handoff()  # (event-loop side) events from this thread to the clients' loops
+        self._others_step_s = 0.0  # how long a step of the other answers takes without a completion (average)
         self._step_s = 0.0  # how long the latest step took: the next one's events are expected as long after
         engine.queued = self._queued  # shared steps price drafts by whether requests wait for a slot
         self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
@@ -287,9 +290,8 @@ class Scheduler:
     def _admit(self) -> None:
         """Waiting jobs into the engine, as the policy says:
         - a job whose client left while it waited only ends;
-        - an urgent job (an editor's completion) first, one at a time, into a free slot, when no other
-          runs or the others have had their share of the time since the last one (`_allowance`); it is
-          stepped alone until it ends (`_step`);
+        - an urgent job (an editor's completion) first, one at a time, into a free slot; it joins the
+          others' steps within its share of the time (`_step`);
         - several sequences of one prompt when nothing else runs, and nothing beside them;
         - any other job while slots are free, beyond one kept for completions while an editor is around
           (`EDITOR_IDLE_S`): its prompt is evaluated in chunks within the following steps."""
@@ -319,14 +321,12 @@ class Scheduler:
                 return
 
     def _urgent_may_run(self) -> bool:
-        if not self._active:
-            return True
-        if not self.interject or self.engine.free_slots() == 0:
-            return False
+        return not self._active or (self.interject and self.engine.free_slots() > 0)
+
+    def _refill(self) -> None:
         now = self._clock()
         self._allowance = min(URGENT_BURST_S, self._allowance + URGENT_SHARE * (now - self._allowance_at))
         self._allowance_at = now
-        return self._allowance > 0
 
     def _kept(self) -> int:
         """Slots kept free for an editor's completions while chats run."""
@@ -363,22 +363,30 @@ class Scheduler:
     # ------------------------------------------------------------------ steps
 
     def _step(self) -> None:
-        """One step: an urgent job's alone (the others wait, the time taken from their share), else every
-        job's together. A failure no request survives ends every job in the engine."""
-        urgent = [lane for a in self._active if a.job.urgent for lane in a.lanes]
-        others = any(not a.job.urgent for a in self._active)
+        """One step of every job together; an urgent job beside others is left out once it has taken its
+        share (`_allowance`: what it adds to their steps, against their recent steps without it). A failure
+        no request survives ends every job in the engine."""
+        urgent = any(a.job.urgent for a in self._active)
+        others = [lane for a in self._active if not a.job.urgent for lane in a.lanes]
+        joined = urgent and bool(others)
+        if joined:
+            self._refill()
+        only = others if joined and self._allowance <= 0 else None
         started = self._clock()
         self._handoff.expect(self._step_s)
         began = time.monotonic()
         try:
-            more = self.engine.step(urgent or None)
+            more = self.engine.step(only)
         except Exception as exc:  # keep serving after an engine failure; each client gets a 500
             more = False
             for admitted in list(self._active):
                 self._end(admitted, _as_served(exc))
         self._step_s = time.monotonic() - began
-        if urgent and others:
-            self._allowance -= self._clock() - started
+        took = self._clock() - started
+        if others and (not urgent or only is not None):
+            self._others_step_s = 0.8 * self._others_step_s + 0.2 * took if self._others_step_s else took
+        elif joined:  # what the completion added to the others' step
+            self._allowance -= max(took - self._others_step_s, 0.0)
         waves = [a for a in self._active if a.done == a.next < a.job.params.n]
         for admitted in waves:
             self._submit_wave(admitted)  # into the slots its last completions left
