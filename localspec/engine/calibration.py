@@ -192,8 +192,8 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
 def stream_cost(model, context_tokens: int = 48, tokens: int = 24,
                 clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds of one position decoded right after another, as plain decoding does: no rollback
-    between them, where every pass of `measure` goes back first (for a hybrid target on a GPU the two are far
-    apart: docs/gpu.md, "Hybrid targets and MTP heads"). The cache is left empty."""
+    between them and one batch shape, where every pass of `measure` goes back and changes the shape first
+    (on a GPU the two are apart: docs/gpu.md, "Hybrid targets and MTP heads"). The cache is left empty."""
     context = filler(model.n_vocab, context_tokens + tokens)
     times = []
     try:

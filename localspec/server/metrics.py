@@ -68,8 +68,8 @@ def prometheus_text(metrics: Metrics, model: str, *, queue_depth: int, running: 
     metric("tokens_per_second", "gauge", "Throughput of the last generation.", round(m.last_tokens_per_s, 3))
     metric("speedup", "gauge", "Speedup over plain decoding of the last generation.", round(m.last_speedup, 3))
     metric("queue_depth", "gauge", "Requests running or waiting.", queue_depth)
-    metric("requests_running", "gauge", "Requests generating now (an editor's completion runs between a chat's "
-           "rounds).", running)
+    metric("requests_running", "gauge", "Requests generating now (an editor's completion runs beside a chat).",
+           running)
     metric("interjected_total", "counter", "Completions run beside another generation.",
            interjected)
     metric("joined_total", "counter", "Requests that joined another's generation (decoded in the same steps).",
