@@ -723,7 +723,7 @@ def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path, m
     from localspec.engine.backend import ModelOptions
 
     class Timed:
-        n_vocab, n_ctx = 100, 256
+        n_vocab, n_ctx, max_rollback = 100, 256, None
         options = ModelOptions()
 
         def __init__(self, path, build):
@@ -766,7 +766,7 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
     settled = {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}
 
     class Warming:
-        n_vocab, n_ctx = 100, 256
+        n_vocab, n_ctx, max_rollback = 100, 256, None
 
         def __init__(self):
             self.now = 0.0

@@ -150,7 +150,7 @@ def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: i
     asked between sizes; when it says so, Interrupted is raised (the cache is emptied first)."""
     # A recurrent state drops at most the positions of its last decode but the first (kv.py): after each
     # batch it keeps that one, as a verify keeps the token it started from, and the context grows by one.
-    recurrent = getattr(model, "max_rollback", None) is not None  # (None: a KV cache, or a bare test double)
+    recurrent = model.max_rollback is not None  # (None: a KV cache drops any positions)
     growth = (repeats * len(sizes) + 2) if recurrent else 0
     tokens = filler(model.n_vocab, context_tokens + growth + max(sizes))
     fits = [n for n in sizes if context_tokens + growth + n <= model.n_ctx]
