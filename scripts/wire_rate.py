@@ -49,8 +49,7 @@ def main() -> None:
     ap.add_argument("--drafter", default="none", help="localspec's drafter (default none: the path alone)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    peer = llama_server()
-    if peer is None:
+    if llama_server() is None:  # (checked before localspec's server starts)
         raise SystemExit("llama-server is not on PATH and LLAMA_SERVER does not name it")
     ours_port, theirs_port = free_port(), free_port()
     ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter])
