@@ -53,9 +53,10 @@ def llama_server() -> str | None:
     return os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
 
 
-def start_llama_server(entry: str, slots: int, port: int) -> subprocess.Popen:
+def start_llama_server(entry: str, slots: int, port: int, extra: list[str] | None = None) -> subprocess.Popen:
     """llama.cpp's `llama-server -np N` on the same target file, each slot 4096 tokens as localspec's,
-    reusing cached runs that moved as an editor's window slides (--cache-reuse 256, what llama.vim asks)."""
+    reusing cached runs that moved as an editor's window slides (--cache-reuse 256, what llama.vim asks);
+    `extra`: more arguments (a speculative configuration)."""
     from localspec.names import resolve
 
     binary = llama_server()
@@ -63,7 +64,8 @@ def start_llama_server(entry: str, slots: int, port: int) -> subprocess.Popen:
         raise SystemExit("llama-server is not on PATH (or set LLAMA_SERVER)")
     target, _draft = resolve(entry)
     return _started([binary, "-m", str(target), "-np", str(slots), "-c", str(4096 * slots), "--cache-reuse", "256",
-                     "--host", "127.0.0.1", "--port", str(port), "-t", str(os.cpu_count() or 1)], port)
+                     "--host", "127.0.0.1", "--port", str(port), "-t", str(os.cpu_count() or 1), *(extra or [])],
+                    port)
 
 
 def _started(cmd: list[str], port: int) -> subprocess.Popen:
