@@ -100,15 +100,16 @@ def check(target: str, draft: str) -> None:
     TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
     """
     from localspec.engine.backend import VocabFile
-    from localspec.engine.pairing import check_pair, eagle3_width
+    from localspec.engine.pairing import check_pair, hidden_state_width
     from localspec.names import model_file
 
     target_path, draft_path = model_file(target), model_file(draft)
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
         decoding = tv.decoding(), dv.decoding()
-        if dv.meta("general.architecture") == "eagle3":  # it reads the target's hidden states: their width
-            report = report.with_rule("EAGLE-3 draft's target width", *eagle3_width(tv, dv))
+        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash"}.get(dv.meta("general.architecture") or "")
+        if kind:  # it reads the target's hidden states: their width
+            report = report.with_rule(f"{kind} draft's target width", *hidden_state_width(tv, dv))
     click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
     for result in report.results:
         mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)

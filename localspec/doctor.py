@@ -31,7 +31,7 @@ def report() -> list[str]:
     from localspec.engine.backend.staging import unavailable
 
     heads = unavailable()
-    say(f"hidden-state drafts {'no: ' + heads if heads else 'yes: MTP heads in a target file (mtp), EAGLE-3 drafts (eagle3)'}")
+    say(f"hidden-state drafts {'no: ' + heads if heads else 'yes: MTP heads in a target file (mtp), EAGLE-3 drafts (eagle3), DFlash drafts (dflash)'}")
     if not gpu:
         say("With an NVIDIA GPU and the CUDA toolkit, `bash scripts/setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")

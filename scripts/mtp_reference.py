@@ -1,15 +1,16 @@
 """Record what llama.cpp's own drafting from hidden states proposes, round by round, for the tests to
 hold localspec's drafters to: `mtp` and `mtp-glm4moe`, random Qwen3.5 (hybrid) and GLM-4.5 (transformer) files with an MTP block
-(tests/test_mtp.py), and
-`eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py).
+(tests/test_mtp.py),
+`eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py), and `dflash`, a random
+DFlash draft for it (tests/test_dflash.py).
 
     python scripts/mtp_reference.py --llama-bin BUILD/bin/llama-speculative-simple \\
-        --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf [--kind mtp|eagle3] [--out FILE.json]
+        --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf [--kind mtp|eagle3|dflash] [--out FILE.json]
 
 The binary is `llama-speculative-simple` built from the llama.cpp that llama-cpp-python 0.3.36 vendors
 (its sdist: `cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF` then
 `cmake --build build --target llama-speculative-simple`; ~20 minutes on 2 cores). It runs
-`--spec-type draft-mtp` or `draft-eagle3` (common/speculative.cpp) greedily with debug logs, which name
+`--spec-type draft-mtp`, `draft-eagle3` or `draft-dflash` (common/speculative.cpp) greedily with debug logs, which name
 each draft's tokens (`draft candidate 0`, with its margin over the runner-up) and how many the target
 kept.
 
@@ -33,13 +34,21 @@ from pathlib import Path
 HERE = Path(__file__).parent
 # mtp: small weights make the trunk often repeat its input token, which the head (its projection passing
 # the token on) predicts: drafts kept whole, in part and not at all, all in one answer. eagle3: a draft
-# for the tests' SmolLM2 (the `--tokenizer` file), which is the target.
+# for the tests' SmolLM2 (the `--tokenizer` file), which is the target. dflash: small weights leave the
+# block's outputs near its mask token's embedding, so it drafts that token (SmolLM2's " yes"), which the
+# target sometimes continues the prompt with: drafts kept whole, in part and not at all, but all alike.
+# dflash-varied: larger weights, so the block depends on the cache (the target's states): drafts that
+# differ from round to round, none kept.
 FILES = {"mtp": {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1},
          "mtp-glm4moe": {"arch": "glm4moe", "shape": "tiny", "seed": 0, "stdev": 0.13, "mtp": 1},
-         "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0}}
+         "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0},
+         "dflash": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.02, "mtp": 0, "mask": 9805},
+         "dflash-varied": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.08, "mtp": 0, "mask": 9805}}
 PROMPTS = {"mtp": "one two three four five six seven eight nine ten " * 3,
            "mtp-glm4moe": "one two three four five six seven eight nine ten " * 3,
-           "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the"}
+           "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the",
+           "dflash": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes",
+           "dflash-varied": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes"}
 N_MAX = 3       # llama.cpp's default draft length for MTP
 N_PREDICT = 48
 _CANDIDATE = re.compile(r"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \(\s*([0-9.]+)\)")
@@ -52,7 +61,8 @@ def write_file(out: Path, tokenizer: Path, kind: str = "mtp") -> Path:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     f = FILES[kind]
-    return module.write(f["arch"], out, tokenizer, shape=f["shape"], seed=f["seed"], stdev=f["stdev"], mtp=f["mtp"])
+    return module.write(f["arch"], out, tokenizer, shape=f["shape"], seed=f["seed"], stdev=f["stdev"], mtp=f["mtp"],
+                        mask_token=f.get("mask", 0))
 
 
 def cpu_kernels() -> str:
@@ -75,8 +85,9 @@ def sha256(path: Path) -> str:
 def run_reference(binary: Path, model: Path, n_predict: int = N_PREDICT, kind: str = "mtp",
                   draft: Path | None = None) -> dict:
     """llama.cpp's drafts (one list per draft call), how many of each the target verified and kept.
-    `kind` eagle3: `model` is the target and `draft` the EAGLE-3 file."""
-    drafting = (["--spec-type", "draft-eagle3", "-md", str(draft)] if kind == "eagle3"
+    `kind` eagle3 or dflash: `model` is the target and `draft` the draft's file."""
+    spec_type = "draft-" + kind.split("-")[0]
+    drafting = (["--spec-type", spec_type, "-md", str(draft)] if spec_type in ("draft-eagle3", "draft-dflash")
                 else ["--spec-type", "draft-mtp"])
     command = [str(binary), "-m", str(model), *drafting, "--spec-draft-n-max", str(N_MAX),
                "-p", PROMPTS[kind], "-n", str(n_predict), "--temp", "0", "-t", "2", "-c", "1024", "-lv", "5"]
@@ -115,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or HERE.parent / "tests" / "data" / f"{args.kind}_reference.json"
     with tempfile.TemporaryDirectory() as tmp:
         written = write_file(Path(tmp) / f"{args.kind}.gguf", args.tokenizer, args.kind)
-        if args.kind == "eagle3":
-            reference = run_reference(args.llama_bin, args.tokenizer, kind="eagle3", draft=written)
+        if FILES[args.kind]["arch"] in ("eagle3", "dflash"):
+            reference = run_reference(args.llama_bin, args.tokenizer, kind=args.kind, draft=written)
         else:
             reference = run_reference(args.llama_bin, written, kind=args.kind)
         record = {"file": {**FILES[args.kind], "sha256": sha256(written)}, "cpu": cpu_kernels(),

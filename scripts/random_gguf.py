@@ -23,6 +23,10 @@ Architectures:
 - `eagle3`: an EAGLE-3 draft for the GGUF given as `--tokenizer` (its width, heads and layers: the
   draft reads the inputs of three of its layers, `eagle3.target_layers`, and uses its token embeddings
   and output head), as the released EAGLE-3 drafts for Llama and Qwen are.
+- `dflash`: a DFlash draft for the GGUF given as `--tokenizer` (its width and heads, two layers; the
+  draft reads the inputs of three of its layers, `dflash.target_layers`, uses its token embeddings and
+  output head, and fills blocks of `dflash.block_size` with a mask token), as the released DFlash
+  drafts for Qwen3 and Llama are.
 - `bert`: a BERT encoder (bidirectional attention, mean pooling, no output layer): an embedding model,
   as nomic-embed-text and bge are (`serve --embedding-model`).
 """
@@ -64,7 +68,7 @@ SHAPES = {
     "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
                         ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "glm4moe", "mamba", "bert", "eagle3")
+ARCHS = ("lfm2", "qwen35", "glm4moe", "mamba", "bert", "eagle3", "dflash")
 MTP_ARCHS = ("qwen35", "glm4moe")
 
 
@@ -352,8 +356,50 @@ def _eagle3(w: gguf.GGUFWriter, t: _Tensors, target: Path) -> None:
     t.add(p + "ffn_down.weight", n_ff, n_embd)
 
 
+def _dflash(w: gguf.GGUFWriter, t: _Tensors, target: Path, mask_token: int, block_size: int = 8) -> None:
+    """A block drafter (llama.cpp's `dflash`, src/models/dflash.cpp): the target's inputs to three of its
+    layers fused by `fc` into K/V written at the target's positions; one pass over the pending token and
+    block_size - 1 mask tokens, attending to them and to each other both ways, predicts the block. Two
+    layers of the target's width; no token embeddings or output head of its own (the target's are used).
+    The target's tokenizer is copied with a mask token (`mask_token`, what fills the block's slots)."""
+    reader = gguf.GGUFReader(target)
+    arch = reader.fields["general.architecture"].contents()
+
+    def get(key: str) -> int:
+        return int(reader.fields[f"{arch}.{key}"].contents())
+
+    n_embd, n_layer, n_head, n_head_kv = (get("embedding_length"), get("block_count"),
+                                          get("attention.head_count"), get("attention.head_count_kv"))
+    n_ff, head = get("feed_forward_length"), n_embd // n_head
+    layers = [1, n_layer // 2, n_layer - 3]
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(2)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_array("dflash.target_layers", layers)
+    w.add_uint32("dflash.block_size", block_size)
+    w.add_uint32("tokenizer.ggml.mask_token_id", mask_token)
+    t.add("fc.weight", 3 * n_embd, n_embd)
+    t.add("enc.output_norm.weight", n_embd, ones=True)
+    t.add("output_norm.weight", n_embd, ones=True)
+    for i in range(2):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", n_embd, ones=True)
+        t.add(p + "attn_q.weight", n_embd, head * n_head)
+        t.add(p + "attn_k.weight", n_embd, head * n_head_kv)
+        t.add(p + "attn_v.weight", n_embd, head * n_head_kv)
+        t.add(p + "attn_output.weight", head * n_head, n_embd)
+        t.add(p + "attn_q_norm.weight", head, ones=True)
+        t.add(p + "attn_k_norm.weight", head, ones=True)
+        t.add(p + "ffn_norm.weight", n_embd, ones=True)
+        t.add(p + "ffn_gate.weight", n_embd, n_ff)
+        t.add(p + "ffn_up.weight", n_embd, n_ff)
+        t.add(p + "ffn_down.weight", n_ff, n_embd)
+
+
 def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: int = 0,
-          stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096, mtp: int = 0) -> Path:
+          stdev: float = 0.1, noise: float = 0.0, n_ctx: int = 4096, mtp: int = 0, mask_token: int = 0) -> Path:
     if arch not in ARCHS:
         raise SystemExit(f"unknown architecture {arch!r}; one of: {', '.join(ARCHS)}")
     if mtp and arch not in MTP_ARCHS:
@@ -366,7 +412,7 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"random-{arch}-{shape}")
     w.add_context_length(n_ctx)
-    if arch != "eagle3":  # (its dimensions are its target's)
+    if arch not in ("eagle3", "dflash"):  # (their dimensions are their target's)
         w.add_embedding_length(s.n_embd)
         w.add_feed_forward_length(s.n_ff)
         w.add_block_count(s.n_layer + mtp)
@@ -380,6 +426,8 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
         _bert(w, tensors, s, n_vocab, n_ctx)
     elif arch == "eagle3":
         _eagle3(w, tensors, tokenizer)
+    elif arch == "dflash":
+        _dflash(w, tensors, tokenizer, mask_token)
     elif arch == "qwen35":
         _qwen35(w, tensors, s, n_vocab, mtp)
     elif arch == "glm4moe":

@@ -349,9 +349,10 @@ def margin_for(samples: float) -> float:
 
 
 def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
-                margin: float = 0.02) -> tuple[int, float]:
+                margin: float = 0.02, draft_fixed_s: float = 0.0) -> tuple[int, float]:
     """(k, expected tokens per second) maximizing throughput over k = 0..len(rates); k = 0 (plain
-    decoding) unless the best draft promises `margin` over it.
+    decoding) unless the best draft promises `margin` over it. A draft of k tokens costs
+    `draft_fixed_s + k * draft_per_token_s` (a block drafter's pass costs the same for any k).
 
     Only lengths whose verify batch (k + 1 positions) was measured are chosen: between measured sizes
     the cost is not smooth (on a CPU, 16 positions were measured at 5.3x one and 15 at 6.0x), so an
@@ -364,7 +365,7 @@ def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
         expected += run
         if k + 1 not in cost.verify_s:
             continue
-        rate = expected / (k * draft_per_token_s + cost.verify(k + 1))
+        rate = expected / (draft_fixed_s + k * draft_per_token_s + cost.verify(k + 1))
         if rate > best_rate:
             best_k, best_rate = k, rate
     if best_rate < plain * (1 + margin):

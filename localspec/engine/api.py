@@ -19,7 +19,7 @@ from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
-from localspec.engine.model import LanguageModel, PredictionHead, Vocabulary
+from localspec.engine.model import BlockHead, LanguageModel, PredictionHead, Vocabulary
 from localspec.engine.core import Core, Deliver
 from localspec.engine.options import EngineOptions, plain_only_warning
 from localspec.engine.params import GenerationParams
@@ -41,7 +41,8 @@ class Engine:
     def __init__(self, target: LanguageModel, draft: LanguageModel | None = None, options: EngineOptions | None = None,
                  *, cost: CostModel | None = None, draft_cost_s: float | None = None,
                  template: ChatTemplate | None = None, self_draft: LanguageModel | None = None,
-                 history_file: Path | None = None, eagle3: PredictionHead | None = None):
+                 history_file: Path | None = None, eagle3: PredictionHead | None = None,
+                 dflash: BlockHead | None = None):
         self.target = target
         self.draft = draft
         self.self_draft = self_draft
@@ -54,7 +55,7 @@ class Engine:
         self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
         self._drafters: list[Drafter] = build(Sources(
-            target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, p_min=opts.draft_p_min,
+            target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, dflash=dflash, p_min=opts.draft_p_min,
             calibrate=opts.calibrate,
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
             history_file=history_file))

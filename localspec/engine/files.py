@@ -39,6 +39,7 @@ def load_files(
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
     llama.cpp decide (settings.yaml's flash_attention)."""
     from localspec.engine.backend import Model, ModelOptions
+    from localspec.engine.backend.dflash import DFlashDraft, is_dflash
     from localspec.engine.backend.eagle3 import Eagle3Draft, is_eagle3
 
     if history not in ("saved", "memory", "off"):
@@ -58,7 +59,7 @@ def load_files(
                           devices=target_devices, tensor_split=tensor_split, placement=placement,
                           flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"))
     target = Model(target_path, loaded.with_(rollback=0) if drafter == "none" else loaded)
-    draft_model = self_model = eagle3 = None
+    draft_model = self_model = eagle3 = dflash = None
     try:
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
         local = ModelOptions(n_ctx=target.n_ctx * target.n_seq, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
@@ -67,11 +68,14 @@ def load_files(
             # drafts from the target's hidden states, beside it (the target closes it)
             eagle3 = Eagle3Draft(Path(draft_path), target)
             draft_path = None
+        elif draft_path is not None and is_dflash(Path(draft_path)):
+            dflash = DFlashDraft(Path(draft_path), target)  # the same, a block at a time
+            draft_path = None
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse)
-        return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3,
+        return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3, dflash=dflash,
                       history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:
         for model in (target, draft_model, self_model):

@@ -106,6 +106,17 @@ class PredictionHead(Protocol):
         ...
 
 
+class BlockHead(Protocol):
+    """A drafter that fills a block in one pass from the target's hidden states, following its KV cache
+    (backend/dflash.py's `DFlashDraft`)."""
+
+    block_size: int  # what it was trained to fill: the pending token and block_size - 1 masks
+
+    def predict_block(self, seq: int, token: int, pos: int, n: int) -> np.ndarray:
+        """Logits (n, n_vocab) for the n tokens after `token`, the pending one at `pos` of `seq`."""
+        ...
+
+
 class LanguageModel(Protocol):
     """A loaded model with KV sequences (slots) the engine extends, rolls back and shifts."""
 

@@ -68,10 +68,12 @@ def check_pair(target, draft) -> PairReport:
     return PairReport(tuple(results))
 
 
-def eagle3_width(target, draft) -> tuple[bool, str]:
-    """An EAGLE-3 draft reads the target's hidden states: whether their widths match, and what they are."""
+def hidden_state_width(target, draft) -> tuple[bool, str]:
+    """An EAGLE-3 or DFlash draft reads the target's hidden states: whether their widths match, and what
+    they are (an EAGLE-3 file names its target's; a DFlash one has the target's width itself)."""
     arch = target.meta("general.architecture")
-    width, wanted = target.meta(f"{arch}.embedding_length"), draft.meta("eagle3.target_hidden_size")
+    wanted = draft.meta("eagle3.target_hidden_size") or draft.meta("dflash.embedding_length")
+    width = target.meta(f"{arch}.embedding_length")
     return width == wanted, f"target {width}, draft made for {wanted}"
 
 

@@ -188,6 +188,9 @@ class _Metadata:
         if architecture == "eagle3":
             return (f"eagle3, an EAGLE-3 draft for a target of hidden size "
                     f"{self.meta('eagle3.target_hidden_size')} (the `eagle3` drafter)")
+        if architecture == "dflash":
+            return (f"dflash, a DFlash draft for a target of hidden size {self.meta('dflash.embedding_length')}, "
+                    f"blocks of {self.meta('dflash.block_size') or 16} (the `dflash` drafter)")
         if not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model)):
             return f"{architecture}, a KV cache: drafts of any length{self._heads()}"
         if architecture in ROLLBACK_ARCHITECTURES:

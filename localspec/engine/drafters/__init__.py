@@ -15,6 +15,7 @@ from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
 from localspec.engine.drafters.model import ModelDrafter
 from localspec.engine.drafters.heads import HeadDrafter
+from localspec.engine.drafters.blocks import BlockDrafter
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter
 
 REGISTRY: tuple[Registration, ...] = (
@@ -28,6 +29,9 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("eagle3", "an EAGLE-3 draft, trained on the target's hidden states", "EAGLE-3",
                  lambda s: HeadDrafter.build(s, "eagle3"),
                  needs="needs an EAGLE-3 draft (a pair whose draft file is one); this engine has none"),
+    Registration("dflash", "a DFlash draft: a block at a time from the target's hidden states", "DFlash",
+                 BlockDrafter.build,
+                 needs="needs a DFlash draft (a pair whose draft file is one); this engine has none"),
     Registration("ngram", "copies from the prompt and the answer so far", "n-gram", CopyDrafter.build),
     Registration("history", "continuations of earlier requests' prompts and answers", "history",
                  HistoryDrafter.build, needs="is turned off (--no-history-drafts or the history_drafts setting)"),
@@ -42,4 +46,4 @@ def build(sources: Sources) -> list[Drafter]:
 
 
 __all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build",
-           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "HeadDrafter", "NgramDrafter", "OpeningDrafter"]
+           "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "HeadDrafter", "BlockDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from localspec.engine.adaptive import CostModel
     from localspec.engine.constraint import Constraint
     from localspec.engine.kv import KvSequence
-    from localspec.engine.model import LanguageModel, PredictionHead
+    from localspec.engine.model import BlockHead, LanguageModel, PredictionHead
     from localspec.engine.sampling import Sampler
 
 
@@ -130,6 +130,7 @@ class Sources:
     draft: LanguageModel | None = None
     self_draft: LanguageModel | None = None
     eagle3: PredictionHead | None = None  # an EAGLE-3 draft following the target (backend/eagle3.py)
+    dflash: BlockHead | None = None       # a DFlash draft following the target (backend/dflash.py)
     p_min: float = 0.5
     calibrate: bool = True
     learn_costs: bool = True
