@@ -24,16 +24,20 @@ def test_shipped_catalog_has_the_required_pairs():
     assert catalog.default_pair == "qwen2.5-coder-1.5b"
 
 
-def test_qwen35_entries_are_pinned_hybrid_pairs():
+@pytest.mark.parametrize("pair_id, draft_id, family", [
+    ("qwen3.5-4b", "qwen3.5-0.8b-q4_k_m", "qwen35"),
+    ("qwen3.5-9b", "qwen3.5-0.8b-q4_k_m", "qwen35"),
+    ("lfm2.5-1.2b", "lfm2.5-350m-q4_k_m", "lfm2"),
+])
+def test_2026_families_are_pinned_hybrid_pairs(pair_id, draft_id, family):
     catalog = load_catalog()
-    for pair_id in ("qwen3.5-4b", "qwen3.5-9b"):
-        pair = catalog.resolve(pair_id)
-        assert isinstance(pair, PairSpec) and pair.draft.id == "qwen3.5-0.8b-q4_k_m"
-        for model in pair.models:
-            assert model.family == "qwen35"
-            assert len(model.hub.revision) == 40  # a commit, never a branch: files get re-uploaded
-            (file,) = model.hub.files
-            assert file.size > 0 and len(file.sha256) == 64
+    pair = catalog.resolve(pair_id)
+    assert isinstance(pair, PairSpec) and pair.draft.id == draft_id
+    for model in pair.models:
+        assert model.family == family
+        assert len(model.hub.revision) == 40  # a commit, never a branch: files get re-uploaded
+        (file,) = model.hub.files
+        assert file.size > 0 and len(file.sha256) == 64
 
 
 def test_default_pair_and_test_model_have_both_sources_pinned():

@@ -103,8 +103,8 @@ def test_auto_without_a_mirror_reports_the_unreachable_hub(monkeypatch):
     assert "127.0.0.1:9" in str(err.value)
 
 
-@pytest.mark.parametrize("model_id", ["qwen3.5-0.8b-q4_k_m", "qwen3.5-4b-q4_k_m"])
-def test_shipped_qwen35_entries_pull_from_their_pinned_revision(hub, model_id):
+@pytest.mark.parametrize("model_id", ["qwen3.5-0.8b-q4_k_m", "qwen3.5-4b-q4_k_m", "lfm2.5-1.2b-instruct-q4_k_m"])
+def test_shipped_2026_entries_pull_from_their_pinned_revision(hub, model_id):
     """The catalog's hybrid targets go through the same Hub path: the pinned revision and file are
     asked for, and bytes other than the pinned ones are refused and deleted."""
     from localspec.catalog import load_catalog
