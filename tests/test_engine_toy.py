@@ -12,7 +12,7 @@ from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
-from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyHead, ToyModel, exact_two_tokens, step_until_done, submit_one
+from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyBlock, ToyHead, ToyModel, exact_two_tokens, step_until_done, submit_one
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}  # verification almost free per extra position
 
@@ -241,6 +241,49 @@ def test_sampling_with_mtp_drafts_reproduces_the_target_distribution():
     prompt = [0, 5, 6]
     exact = exact_two_tokens(prompt, **TWO_TOKEN_TOY)
     engine = _mtp_engine(TWO_TOKEN_TOY, noise=3.0)
+    trials = 10_000
+    counts = Counter()
+    accepted = rejected = 0
+    for seed in range(trials):
+        events = list(engine.generate(prompt, max_tokens=2, sampling=settings.with_(seed=seed), draft_len=3))
+        counts[tuple(_tokens(events)[:2])] += 1
+        accepted += events[-1].accepted
+        rejected += events[-1].drafted - events[-1].accepted
+    assert accepted > 0 and rejected > 0
+    tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
+    assert tv < 0.06, tv  # as the draft model's test: noise alone about 0.03
+
+
+def _block_engine(toy: dict, noise: float) -> tuple[Engine, ToyBlock]:
+    target = ToyModel(**toy)
+    block = ToyBlock(target, ToyModel(**toy, noise_seed=13, noise=noise))
+    engine = Engine(target, None, EngineOptions(drafter="dflash", learn_costs=False, history_drafts=False),
+                    cost=CostModel(dict(COST)), draft_cost_s=0.0, dflash=block)
+    engine.drafter("dflash").p_min = 0.0
+    return engine, block
+
+
+def test_block_drafts_keep_greedy_answers_equal_to_plain_decoding():
+    engine, block = _block_engine(dict(seed=3), noise=1.5)
+    prompt = [0, 5, 9, 11]
+    plain = _plain(prompt, 40)
+    kept = thrown = 0
+    for draft_len in (1, 3, 7, None):
+        events = list(engine.generate(prompt, max_tokens=40, draft_len=draft_len))
+        assert _tokens(events) == plain, draft_len
+        rounds = [e for e in events if isinstance(e, Round)]
+        kept += sum(len(r.accepted) for r in rounds)
+        thrown += sum(len(r.rejected) for r in rounds)
+    assert kept > 0 and thrown > 0
+    # the block is as long whatever the draft keeps of it: 3 masks, or the longer fixed length asked for
+    assert {n for _pos, n in block.passes} == {3, 7}
+
+
+def test_sampling_with_block_drafts_reproduces_the_target_distribution():
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    prompt = [0, 5, 6]
+    exact = exact_two_tokens(prompt, **TWO_TOKEN_TOY)
+    engine, _block = _block_engine(TWO_TOKEN_TOY, noise=3.0)
     trials = 10_000
     counts = Counter()
     accepted = rejected = 0

@@ -251,14 +251,40 @@ class ToyHead:
         self.forgotten.append((seq, pos))
 
 
+class ToyBlock:
+    """A toy block drafter, through the call backend.dflash.DFlashDraft answers: the n tokens after the
+    pending one from `model` (a noisy copy of the target's tables) in one call, each row its logits
+    after the greedy chain before it. Drafting must start where the target's cache ends."""
+
+    block_size = 8
+
+    def __init__(self, target: ToyModel, model: ToyModel):
+        self.target = target
+        self.model = model
+        self.passes: list[tuple[int, int]] = []  # (pos, n) of each pass
+
+    def predict_block(self, seq: int, token: int, pos: int, n: int) -> np.ndarray:
+        held = self.target.seqs[seq]
+        assert pos == len(held), f"a block at {pos} but the target's cache holds {len(held)}"
+        self.passes.append((pos, n))
+        chain, rows = list(held) + [token], []
+        for _ in range(n):
+            rows.append(self.model.logits_at(chain))
+            chain.append(int(np.argmax(rows[-1])))
+        return np.stack(rows)
+
+
 if TYPE_CHECKING:  # the pin: the toy implements what the engine needs of a model (mypy, tests/test_layers.py)
-    from localspec.engine.model import LanguageModel, PredictionHead
+    from localspec.engine.model import BlockHead, LanguageModel, PredictionHead
 
     def _the_toy_implements_the_boundary(toy: ToyModel) -> LanguageModel:
         return toy
 
     def _the_toy_head_implements_the_boundary(head: ToyHead) -> PredictionHead:
         return head
+
+    def _the_toy_block_implements_the_boundary(block: ToyBlock) -> BlockHead:
+        return block
 
 
 TWO_TOKEN_TOY = dict(n_vocab=8, seed=4, sharpness=1.0, eos_bias=-50.0)  # small enough to enumerate
