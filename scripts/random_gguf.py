@@ -13,7 +13,8 @@ every time; the answers are gibberish, but every decode is the architecture's re
 
 Architectures:
 - `lfm2`: LiquidAI's LFM2, short convolutions with attention every third layer (recurrent state that
-  llama.cpp can roll back a few tokens with `n_rs_seq`).
+  llama.cpp can roll back a few tokens with `n_rs_seq`); `--shape lfm2.5-1.2b` lays attention out as
+  LFM2.5-1.2B does.
 - `qwen35`: Qwen3.5, gated delta-net linear attention with full attention every fourth layer; with
   `--mtp 1`, the multi-token-prediction block the released files carry after the trunk
   (`blk.N.nextn.*`, `qwen35.nextn_predict_layers`): the head the `mtp` drafter drafts with.
@@ -55,6 +56,7 @@ class Shape:
     ssm_heads: int = 2    # qwen35: value heads
     ssm_groups: int = 2   # qwen35: key heads
     f16: bool = False     # matrices in float16 (a real shape in float32 is twice the disk and memory)
+    attention: tuple[int, ...] = ()  # lfm2: the attention layers (default: every third, from the third)
 
     @property
     def head(self) -> int:
@@ -67,6 +69,10 @@ SHAPES = {
     # llama.cpp (backend.quantize) as a release would be. Its vocabulary is the tokenizer's you give.
     "qwen3.5-4b": Shape(n_embd=2560, n_ff=9216, n_layer=32, n_head=16, n_head_kv=4, head_dim=256, rope_dim=64,
                         ssm_state=128, ssm_heads=32, ssm_groups=16, f16=True),
+    # LFM2.5-1.2B's (its config.json: FFN 12288 auto-adjusted to 8192; attention in 6 of 16 layers). A
+    # tokenizer near its 65,536 tokens keeps the output layer's share real (SmolLM2's 49,152).
+    "lfm2.5-1.2b": Shape(n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
+                         attention=(2, 5, 8, 10, 12, 14), f16=True),
 }
 ARCHS = ("lfm2", "qwen35", "glm4moe", "mamba", "bert", "eagle3", "dflash")
 MTP_ARCHS = ("qwen35", "glm4moe")
@@ -143,7 +149,8 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
 
 
 def _lfm2(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
-    attention = [i % 3 == 2 for i in range(s.n_layer)]  # LFM2 puts attention between short convolutions
+    # LFM2 puts attention between short convolutions
+    attention = [i in s.attention if s.attention else i % 3 == 2 for i in range(s.n_layer)]
     w.add_uint32("lfm2.attention.head_count", s.n_head)  # a layer without kv heads is a convolution
     w.add_array("lfm2.attention.head_count_kv", [s.n_head_kv if a else 0 for a in attention])
     w.add_uint32("lfm2.shortconv.l_cache", 3)
