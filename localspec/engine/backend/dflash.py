@@ -20,7 +20,8 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.gguf import _load_model, _Metadata, read_architecture
+from localspec.engine.backend.beside import BesideTarget
+from localspec.engine.backend.gguf import read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, FLOATS, rows
 from localspec.errors import LocalspecError, ModelFileError
@@ -31,23 +32,15 @@ def is_dflash(path: Path) -> bool:
     return read_architecture(path) == "dflash"
 
 
-class DFlashDraft(_Metadata):
+class DFlashDraft(BesideTarget):
     """A DFlash GGUF in a context beside a target `Model`'s, its cache following the target's sequence by
     sequence. The target's token embeddings and output head are used where the file has none of its own
     (llama.cpp's `ctx_other`)."""
 
+    kind = "DFlash"
+
     def __init__(self, path: Path | str, target: Model):
-        self.path = Path(path)
-        self._model = self._ctx = self._batch = self._memory = None
-        if not CALLS:
-            raise LocalspecError(f"{self.path.name} is a DFlash draft, which this llama.cpp build cannot run.")
-        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=target.options.gpu_layers())
-        try:
-            self.layers = self._check(target)
-            self._open(target)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(path, target)
         self.n_vocab = target.n_vocab
         self.mask = L.llama_vocab_mask(L.llama_model_get_vocab(self._model))
         # the block it was trained to fill: the pending token and block_size - 1 masks
@@ -89,23 +82,9 @@ class DFlashDraft(_Metadata):
                                  "draft fills its block with.")
         return layers
 
-    def _open(self, target: Model) -> None:
-        cparams = L.llama_context_default_params()
-        cparams.ctx_other = target._ctx  # its token embeddings and output head, where the draft has none
-        cparams.n_ctx = L.llama_n_ctx(target._ctx)
-        cparams.n_batch = L.llama_n_batch(target._ctx)  # a whole mirrored decode
-        cparams.n_seq_max = L.llama_n_seq_max(target._ctx)
-        cparams.kv_unified = target.options.kv_unified
-        cparams.n_threads = cparams.n_threads_batch = target.options.threads()
-        cparams.flash_attn_type = target.options.attention_type()
-        cparams.no_perf = True
-        self._ctx = L.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise LocalspecError(f"Cannot create a context for the DFlash draft {self.path.name}.")
-        CALLS["set_embeddings_nextn"](self._ctx, True, True)  # as llama.cpp sets it up
+    def _open(self, target: Model, cparams=None) -> None:
+        super()._open(target, cparams)
         L.llama_set_causal_attn(self._ctx, False)  # the block attends both ways
-        self._memory = L.llama_get_memory(self._ctx)
-        self._batch = L.llama_batch_ext_init(self._ctx)
 
     # ------------------------------------------------------------------ following the target
 
@@ -128,10 +107,6 @@ class DFlashDraft(_Metadata):
 
     def truncate(self, seq: int, n_keep: int) -> None:
         L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
-
-    def copy_seq(self, src: int, dst: int) -> None:
-        L.llama_memory_seq_rm(self._memory, dst, -1, -1)
-        L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
@@ -156,14 +131,3 @@ class DFlashDraft(_Metadata):
                              for i in range(1, n + 1)]).copy()
         finally:
             L.llama_memory_seq_rm(self._memory, seq, pos, -1)
-
-    def close(self) -> None:
-        if self._batch is not None:
-            L.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            L.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            L.llama_model_free(self._model)
-            self._model = None

@@ -19,7 +19,8 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.gguf import _load_model, _Metadata, read_architecture
+from localspec.engine.backend.beside import BesideTarget
+from localspec.engine.backend.gguf import read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
@@ -33,23 +34,15 @@ def is_eagle3(path: Path) -> bool:
     return read_architecture(path) == "eagle3"
 
 
-class Eagle3Draft(_Metadata):
+class Eagle3Draft(BesideTarget):
     """An EAGLE-3 GGUF in a context beside a target `Model`'s, its cache following the target's
     sequence by sequence. The target's token embeddings and output head are used where the file has
     none of its own (llama.cpp's `ctx_other`)."""
 
+    kind = "EAGLE-3"
+
     def __init__(self, path: Path | str, target: Model):
-        self.path = Path(path)
-        self._model = self._ctx = self._batch = self._memory = None
-        if not CALLS:
-            raise LocalspecError(f"{self.path.name} is an EAGLE-3 draft, which this llama.cpp build cannot run.")
-        self._model = _load_model(self.path, vocab_only=False, n_gpu_layers=target.options.gpu_layers())
-        try:
-            self.layers = self._check(target)
-            self._open(target)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(path, target)
         self.n_embd = L.llama_model_n_embd(self._model)
         self.n_vocab = target.n_vocab
         self._target_ctx = target._ctx
@@ -83,24 +76,11 @@ class Eagle3Draft(_Metadata):
             raise ModelFileError(f"{name} has a vocabulary of {vocab} tokens; {target.path.name} has {target.n_vocab}.")
         return layers
 
-    def _open(self, target: Model) -> None:
-        cparams = L.llama_context_default_params()
-        cparams.ctx_other = target._ctx  # its token embeddings and output head, where the draft has none
-        cparams.n_ctx = L.llama_n_ctx(target._ctx)
-        cparams.n_batch = L.llama_n_batch(target._ctx)  # a whole mirrored chunk
+    def _open(self, target: Model, cparams=None) -> None:
+        cparams = self._context_params(target)
         cparams.n_ubatch = ENCODER_CHUNK
         cparams.n_outputs_max = ENCODER_CHUNK
-        cparams.n_seq_max = L.llama_n_seq_max(target._ctx)
-        cparams.kv_unified = target.options.kv_unified
-        cparams.n_threads = cparams.n_threads_batch = target.options.threads()
-        cparams.flash_attn_type = target.options.attention_type()
-        cparams.no_perf = True
-        self._ctx = L.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise LocalspecError(f"Cannot create a context for the EAGLE-3 draft {self.path.name}.")
-        CALLS["set_embeddings_nextn"](self._ctx, True, True)
-        self._memory = L.llama_get_memory(self._ctx)
-        self._batch = L.llama_batch_ext_init(self._ctx)
+        super()._open(target, cparams)
 
     # ------------------------------------------------------------------ following the target
 
@@ -154,8 +134,7 @@ class Eagle3Draft(_Metadata):
         self._g.cut(seq, n_keep)
 
     def copy_seq(self, src: int, dst: int) -> None:
-        L.llama_memory_seq_rm(self._memory, dst, -1, -1)
-        L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        super().copy_seq(src, dst)
         self._held[dst] = self._held.get(src, 0)
         self._g.copy(src, dst)
 
@@ -184,15 +163,3 @@ class Eagle3Draft(_Metadata):
         """Drop the draft's positions from `pos` on; the pair at pos - 1 (the pending token's) stays."""
         L.llama_memory_seq_rm(self._memory, seq, pos, -1)
         self._held[seq] = min(self._held.get(seq, 0), pos)
-
-    def close(self) -> None:
-        if self._batch is not None:
-            L.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            L.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            L.llama_model_free(self._model)
-            self._model = None
-
