@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.engine.adaptive import best_length, margin_for
+from localspec.engine.adaptive import DrafterCost, best_length, margin_for
 from localspec.engine.drafters.base import Draft, Offer, Plan, Sources
 from localspec.engine.drafters.heads import HeadDrafter, HeadTurn
 from localspec.engine.model import BlockHead
@@ -32,7 +32,7 @@ class BlockDrafter(HeadDrafter):
         super().__init__(head, p_min=p_min, prior=prior, learn_costs=learn_costs, name="dflash")  # type: ignore[arg-type]
         self.block_head = head
         self.max_len = min(self.max_len, head.block_size - 1)
-        self.per_pass_s = per_pass_s
+        self.pass_cost = DrafterCost(per_token_s=per_pass_s)  # one "token" a pass: a pass costs alike for any k
 
     @classmethod
     def build(cls, sources: Sources, name: str = "dflash") -> "BlockDrafter | None":
@@ -58,10 +58,13 @@ class BlockDrafter(HeadDrafter):
         turn = super().begin(prompt, plan)
         return BlockTurn(self, turn.acceptance)
 
+    @property
+    def per_pass_s(self) -> float:
+        return self.pass_cost.per_token_s
+
     def observe_cost(self, draft: Draft) -> None:
         if isinstance(draft.note, float) and self.learn_costs:
-            seconds = min(draft.note, 2.0 * self.per_pass_s) if self.per_pass_s > 0 else draft.note
-            self.per_pass_s += 0.1 * (seconds - self.per_pass_s)  # a stall is not the drafter's cost
+            self.pass_cost.observe(1, draft.note)
 
 
 class BlockTurn(HeadTurn):
