@@ -328,18 +328,20 @@ def _bert(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -
         t.add(p + "ffn_down.bias", s.n_embd)
 
 
+def _target_dims(target: Path) -> tuple[int, int, int, int, int]:
+    """A target GGUF's width, layers, heads, KV heads and FFN width: what a draft for it is shaped by."""
+    reader = gguf.GGUFReader(target)
+    arch = reader.fields["general.architecture"].contents()
+    return tuple(int(reader.fields[f"{arch}.{key}"].contents())  # type: ignore[return-value]
+                 for key in ("embedding_length", "block_count", "attention.head_count",
+                             "attention.head_count_kv", "feed_forward_length"))
+
+
 def _eagle3(w: gguf.GGUFWriter, t: _Tensors, target: Path) -> None:
     """One decoder layer over [norm(token embedding); norm(g)], g = fc(the target's inputs to three of its
     layers); no token embeddings or output head of its own (the target's are used)."""
-    reader = gguf.GGUFReader(target)
-    arch = reader.fields["general.architecture"].contents()
-
-    def get(key: str) -> int:
-        return int(reader.fields[f"{arch}.{key}"].contents())
-
-    n_embd, n_layer, n_head, n_head_kv = (get("embedding_length"), get("block_count"),
-                                          get("attention.head_count"), get("attention.head_count_kv"))
-    n_ff, head = get("feed_forward_length"), get("embedding_length") // get("attention.head_count")
+    n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    head = n_embd // n_head
     layers = [1, n_layer // 2, n_layer - 3]  # low, middle and high, as EAGLE-3 trains on
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
@@ -369,15 +371,8 @@ def _dflash(w: gguf.GGUFWriter, t: _Tensors, target: Path, mask_token: int, bloc
     block_size - 1 mask tokens, attending to them and to each other both ways, predicts the block. Two
     layers of the target's width; no token embeddings or output head of its own (the target's are used).
     The target's tokenizer is copied with a mask token (`mask_token`, what fills the block's slots)."""
-    reader = gguf.GGUFReader(target)
-    arch = reader.fields["general.architecture"].contents()
-
-    def get(key: str) -> int:
-        return int(reader.fields[f"{arch}.{key}"].contents())
-
-    n_embd, n_layer, n_head, n_head_kv = (get("embedding_length"), get("block_count"),
-                                          get("attention.head_count"), get("attention.head_count_kv"))
-    n_ff, head = get("feed_forward_length"), n_embd // n_head
+    n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    head = n_embd // n_head
     layers = [1, n_layer // 2, n_layer - 3]
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)

@@ -236,21 +236,26 @@ def test_mtp_drafts_keep_greedy_answers_equal_to_plain_decoding():
     assert head.steps > 0 and len(head.forgotten) > 0  # each draft's positions dropped again
 
 
-def test_sampling_with_mtp_drafts_reproduces_the_target_distribution():
+def _two_tokens_sampled(engine: Engine, trials: int = 10_000) -> tuple[int, int, float]:
+    """Two-token continuations of [0, 5, 6] at temperature 1 with 3-token drafts, one per seed: the draft
+    tokens kept and thrown away, and the total variation from the exact distribution."""
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     prompt = [0, 5, 6]
     exact = exact_two_tokens(prompt, **TWO_TOKEN_TOY)
-    engine = _mtp_engine(TWO_TOKEN_TOY, noise=3.0)
-    trials = 10_000
-    counts = Counter()
+    counts: Counter = Counter()
     accepted = rejected = 0
     for seed in range(trials):
         events = list(engine.generate(prompt, max_tokens=2, sampling=settings.with_(seed=seed), draft_len=3))
         counts[tuple(_tokens(events)[:2])] += 1
         accepted += events[-1].accepted
         rejected += events[-1].drafted - events[-1].accepted
+    return accepted, rejected, 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
+
+
+def test_sampling_with_mtp_drafts_reproduces_the_target_distribution():
+    engine = _mtp_engine(TWO_TOKEN_TOY, noise=3.0)
+    accepted, rejected, tv = _two_tokens_sampled(engine)
     assert accepted > 0 and rejected > 0
-    tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
     assert tv < 0.06, tv  # as the draft model's test: noise alone about 0.03
 
 
@@ -280,20 +285,9 @@ def test_block_drafts_keep_greedy_answers_equal_to_plain_decoding():
 
 
 def test_sampling_with_block_drafts_reproduces_the_target_distribution():
-    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    prompt = [0, 5, 6]
-    exact = exact_two_tokens(prompt, **TWO_TOKEN_TOY)
     engine, _block = _block_engine(TWO_TOKEN_TOY, noise=3.0)
-    trials = 10_000
-    counts = Counter()
-    accepted = rejected = 0
-    for seed in range(trials):
-        events = list(engine.generate(prompt, max_tokens=2, sampling=settings.with_(seed=seed), draft_len=3))
-        counts[tuple(_tokens(events)[:2])] += 1
-        accepted += events[-1].accepted
-        rejected += events[-1].drafted - events[-1].accepted
+    accepted, rejected, tv = _two_tokens_sampled(engine)
     assert accepted > 0 and rejected > 0
-    tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
     assert tv < 0.06, tv  # as the draft model's test: noise alone about 0.03
 
 
