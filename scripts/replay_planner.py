@@ -60,14 +60,14 @@ import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_trees, beside it (also when loaded by path)
 
-from localspec.engine.adaptive import CostModel
+from localspec.engine.adaptive import CostModel, free_positions
 from localspec.engine.calibration import measure_costs
 from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.speculative import Drafting
-from replay_trees import GPU_SHAPE, bounds, free_positions, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
+from replay_trees import GPU_SHAPE, bounds, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,

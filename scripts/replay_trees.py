@@ -15,7 +15,7 @@ pricing of the same trees could reach.
 
 from __future__ import annotations
 
-from localspec.engine.adaptive import CostModel
+from localspec.engine.adaptive import CostModel, free_positions
 from localspec.engine.tree import DraftTree
 
 MAX_MATCH = 6   # longest text ending searched for another match
@@ -36,13 +36,6 @@ def other_matches(text: list[int], exclude: int | None, longest: int = BRANCH_LE
                 if first != exclude and first not in found:
                     found[first] = text[end + 1:end + 1 + longest]
     return list(found.values())
-
-
-def free_positions(price: CostModel, chain_positions: int, slack: float) -> int:
-    """The most verify positions costing at most `slack` more than the chain's (calibrated sizes only)."""
-    limit = price.verify(chain_positions) * (1 + slack)
-    return max([n for n in price.verify_s if n >= chain_positions and price.verify(n) <= limit],
-               default=chain_positions)
 
 
 def grow(chain: list[int], context: list[int], nodes: int) -> DraftTree:

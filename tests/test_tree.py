@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from localspec.engine.tree import ROOT, DraftTree, accept_greedy_tree, accept_sampled_tree
+from localspec.engine.tree import ROOT, DraftTree, accept_greedy_tree, accept_sampled_tree, place, with_alternates
 
 
 def test_branches_sharing_a_prefix_share_its_nodes():
@@ -108,3 +108,45 @@ def test_a_models_sample_folded_into_a_copys_node_would_bias_the_answer():
     kept_apart = _two_tokens(lambda rng: tree_of(rng, False), P1, P2, 30_000, seed=5)
     assert 0.5 * np.abs(folded.sum(axis=1) - P1).sum() > 0.03
     assert 0.5 * np.abs(kept_apart.sum(axis=1) - P1).sum() < 0.015
+
+
+def test_a_chain_with_alternates_puts_each_beside_its_depth_and_one_after():
+    q = np.eye(4)[[0, 1, 2, 3]]  # a row per depth, chain's three and the one after
+    tree = with_alternates([5, 6, 7], [8, None, 9, 10], q)
+    assert tree.branches() == [[8], [5, 6, 9], [5, 6, 7, 10]]
+    assert [tree.depth(n) for n in range(len(tree))] == [1, 2, 3, 1, 3, 4]
+    assert [int(np.argmax(row)) for row in tree.q] == [0, 1, 2, 0, 2, 3]  # a leaf shares its depth's q
+    assert tree.branch_through(1) == [5, 6, 7, 10] and tree.branch_through(4) == [5, 6, 9]
+    with pytest.raises(ValueError):
+        with_alternates([5], [1, 2, 3])
+
+
+def test_placement_gives_the_chain_the_main_sequence_and_each_other_branch_a_spare():
+    tree = with_alternates([5, 6, 7], [8, None, 9, 10])
+    placed = place(tree, 0, [3, 4, 5])
+    # the chain and the leaf after it are the first branch: main; [8] and [5, 6, 9] the spares, in order
+    assert placed.sequences == (0, 3, 4)
+    assert placed.holders == ((0, 4), (0, 4), (0,), (3,), (4,), (0,))
+    assert placed.keeper([0, 1, 2, 5], 0) == 0 and placed.keeper([0, 1, 4], 0) == 4 and placed.keeper([], 0) == 0
+    with pytest.raises(ValueError):
+        place(tree, 0, [3])  # three branches, one spare
+
+
+def test_second_candidates_go_where_the_chain_is_likeliest_to_need_them():
+    from localspec.engine.drafters.model import with_leaves
+
+    # (candidate, its worth where its depth is reached, the chain's confidence there)
+    seconds = [(10, 0.05, 0.95), (11, 0.4, 0.5), (12, 0.3, 0.6), (13, 0.35, 0.0)]
+    tree = with_leaves([1, 2, 3], seconds, 2, None)
+    # reach x worth: 0.05, 0.95*0.4 = 0.38, 0.475*0.3 = 0.14, 0.285*0.35 = 0.10
+    assert tree.branches() == [[1, 2, 3], [1, 11], [1, 2, 12]]
+
+
+def test_free_positions_climb_the_staircase_only_as_far_as_it_is_flat():
+    from localspec.engine.adaptive import CostModel, free_positions
+
+    cpu = CostModel({1: 1.0, 2: 1.8, 4: 2.8, 8: 7.75, 12: 8.57, 16: 8.57})
+    assert free_positions(cpu, 4) == 4 and free_positions(cpu, 8) == 8
+    assert free_positions(cpu, 12) == 16 and free_positions(cpu, 8, slack=0.25) == 16
+    gpu = CostModel({n: 1.0 + 0.002 * n for n in (1, 2, 4, 8, 16, 32, 64)})
+    assert free_positions(gpu, 5) == 32

@@ -116,7 +116,8 @@ class ToyModel:
     build = "toy"
     options = ToyOptions()
     def __init__(self, n_vocab: int = 48, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0, noise_seed: int | None = None,
-                 noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1, batch_noise: float = 0.0):
+                 noise: float = 0.0, eos_bias: float = -4.0, n_seq: int = 1, batch_noise: float = 0.0,
+                 tree_seqs: int = 0):
         rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -131,7 +132,9 @@ class ToyModel:
         self.a[:, 1] += eos_bias
         self.batch_noise = batch_noise
         self.n_seq = n_seq
-        self.seqs: dict[int, list[int]] = {s: [] for s in range(n_seq)}  # each sequence's cache (slots)
+        self.seqs: dict[int, list[int]] = {s: [] for s in range(n_seq + tree_seqs)}  # each sequence's cache (slots)
+        self.spare_seqs = tuple(range(n_seq, n_seq + tree_seqs))  # a candidate tree's other branches
+        self.trees: list[int] = []  # the nodes of every tree verified
         self.tokens = self.seqs[0]
         self.evaluated = 0
         self.calls: list[tuple[int, int]] = []  # (start, n) of every decode
@@ -164,6 +167,32 @@ class ToyModel:
 
     def copy_seq(self, src: int, dst: int) -> None:
         self.seqs[dst][:] = self.seqs[src]
+
+    def fork(self, seq: int, spares) -> None:
+        for spare in spares:
+            self.seqs[spare][:] = self.seqs[seq]
+
+    def decode_placed(self, tokens, positions, holders) -> np.ndarray:
+        """llama.cpp's batch of tokens in several sequences: each sequence gets its tokens in order, and a
+        token's logits follow the context of the sequences holding it (which must agree)."""
+        assert self.spare_seqs, "a toy without spare sequences verifies chains only"
+        self.trees.append(len(tokens) - 1)
+        rows = []
+        for token, pos, seqs in zip(tokens, positions, holders):
+            for seq in seqs:
+                assert len(self.seqs[seq]) == pos, f"sequence {seq} holds {len(self.seqs[seq])}, token at {pos}"
+                self.seqs[seq].append(token)
+            contexts = {tuple(self.seqs[seq]) for seq in seqs}
+            assert len(contexts) == 1, "the sequences holding a token must hold the same context"
+            rows.append(self.logits_at(list(contexts.pop())))
+        self.evaluated += len(tokens)
+        return np.stack(rows)
+
+    def settle_branches(self, seq: int, keeper: int, spares, start: int, n_keep: int) -> None:
+        kept = self.seqs[keeper][start:n_keep]
+        self.seqs[seq][start:] = kept
+        for spare in spares:
+            self.seqs[spare].clear()
 
     def _kernel_noise(self, prefix: list[int]) -> np.ndarray:
         p2 = prefix[-2] if len(prefix) > 1 else 0

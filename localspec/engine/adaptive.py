@@ -74,6 +74,18 @@ class CostModel:
         return 1.0 / self.verify(1)
 
 
+# A candidate tree fills verify positions that cost at most this much more than its chain's alone: the
+# staircase of verify costs (12 positions at 8's price on some CPUs, up to 32-64 nearly free on a GPU)
+# makes them free, and a leaf can only add tokens (scripts/replay_trees.py replays trees at these costs).
+TREE_SLACK = 0.1
+
+
+def free_positions(cost: CostModel, positions: int, slack: float = TREE_SLACK) -> int:
+    """The most verify positions (calibrated sizes only) costing at most `slack` more than `positions`."""
+    limit = cost.verify(positions) * (1 + slack)
+    return max([n for n in cost.verify_s if n >= positions and cost.verify(n) <= limit], default=positions)
+
+
 def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
     """Seconds of one decode holding parts of these lengths, one per sequence. Each sequence has KV cells
     of its own, and llama.cpp then splits a batch into micro-batches taking as many tokens from every

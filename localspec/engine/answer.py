@@ -107,5 +107,7 @@ class Answer:
             baseline_measured=speedup.measured,
             shared=step.shared,
             logprobs=step.logprobs[:len(kept)],
+            candidates=step.candidates,
+            took_second=step.took_second,
         )
 

@@ -58,7 +58,7 @@ class Engine:
             target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, dflash=dflash, p_min=opts.draft_p_min,
             calibrate=opts.calibrate,
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
-            history_file=history_file))
+            history_file=history_file, tree_leaves=opts.tree_leaves))
         self._template = template
         # Whether requests wait for a slot (the server's scheduler sets it): shared steps price drafts by it.
         self.queued: Callable[[], bool] = lambda: False

@@ -58,6 +58,9 @@ class Round:
     baseline_measured: bool = False   # from measured plain rounds (False: the calibration's estimate)
     shared: int = 0                   # other requests decoded in the same step (a server's concurrent work)
     logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the request asked for them
+    candidates: int = 0               # a candidate tree's nodes where one was verified (accepted and rejected are
+                                      # then the branch the target followed)
+    took_second: bool = False         # the target kept a second candidate there (the chain alone would have stopped)
 
     @property
     def drafted(self) -> int:
@@ -100,6 +103,8 @@ class Summary:
     drafted_by_drafter: dict[str, int] = field(default_factory=dict)   # draft tokens each drafter proposed
     accepted_by_drafter: dict[str, int] = field(default_factory=dict)  # and how many of them the target kept
     baseline_measured: bool = False   # the baseline came from measured plain rounds, not the calibration's estimate
+    tree_rounds: int = 0              # rounds that verified a candidate tree (Round.candidates)
+    seconds_kept: int = 0             # of those, rounds where the target kept a second candidate
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "summary", **asdict(self)}
@@ -136,8 +141,10 @@ class Summary:
             f"({'plain' if self.baseline_measured else 'plain est.'} {self.baseline_tokens_per_s:.1f} tok/s, "
             f"{self.speedup:.2f}x), "
             f"acceptance {self.acceptance_rate:.0%} of {self.drafted} drafted, "
-            f"{self.mean_accepted_per_round:.2f} accepted/round, first token after {self.first_token_s:.2f}s, "
-            f"stop: {self.stop_reason}"
+            f"{self.mean_accepted_per_round:.2f} accepted/round, "
+            + (f"trees in {self.tree_rounds} rounds (a second candidate kept in {self.seconds_kept}), "
+               if self.tree_rounds else "")
+            + f"first token after {self.first_token_s:.2f}s, stop: {self.stop_reason}"
         )
 
 
@@ -174,9 +181,13 @@ class Tally:
         self.speedup = 0.0            # the latest round's figures (engine/speedup.py)
         self.baseline_tokens_per_s = 0.0
         self.baseline_measured = False
+        self.tree_rounds = 0
+        self.seconds_kept = 0
 
     def add(self, r: Round) -> None:
         self.rounds += 1
+        self.tree_rounds += r.candidates > 0
+        self.seconds_kept += r.took_second
         self.generated += r.emitted
         self.drafted += r.drafted
         self.accepted += len(r.accepted)
@@ -236,4 +247,6 @@ class Tally:
             drafted_by_drafter=dict(self.drafted_by),
             accepted_by_drafter=dict(self.accepted_by),
             baseline_measured=measured,
+            tree_rounds=self.tree_rounds,
+            seconds_kept=self.seconds_kept,
         )

@@ -29,6 +29,7 @@ def load_files(
     tensor_split: tuple[float, ...] = (),
     placement: str = "",
     flash_attn: bool | None = None,
+    tree_leaves: int | None = None,
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
@@ -41,6 +42,7 @@ def load_files(
     from localspec.engine.backend import Model, ModelOptions
     from localspec.engine.backend.dflash import DFlashDraft, is_dflash
     from localspec.engine.backend.eagle3 import Eagle3Draft, is_eagle3
+    from localspec.engine.drafters.model import MAX_TREE_LEAVES
 
     if history not in ("saved", "memory", "off"):
         raise ValueError(f"history must be saved, memory or off (got {history!r})")
@@ -55,9 +57,13 @@ def load_files(
 
     # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
     # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
+    # A draft model's candidate trees take spare sequences of a one-slot target (engine/tree.py).
+    drafts_trees = tree_leaves != 0 and (self_draft_path is not None or (
+        draft_path is not None and not is_eagle3(Path(draft_path)) and not is_dflash(Path(draft_path))))
     loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
                           devices=target_devices, tensor_split=tensor_split, placement=placement,
-                          flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"))
+                          flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"),
+                          tree_seqs=MAX_TREE_LEAVES if drafts_trees else 0)
     target = Model(target_path, loaded.with_(rollback=0) if drafter == "none" else loaded)
     draft_model = self_model = eagle3 = dflash = None
     try:
@@ -74,7 +80,7 @@ def load_files(
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
-                                history_drafts=history != "off", cache_reuse=cache_reuse)
+                                history_drafts=history != "off", cache_reuse=cache_reuse, tree_leaves=tree_leaves)
         return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3, dflash=dflash,
                       history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from localspec.engine.model import LanguageModel
+from localspec.engine.tree import DraftTree, Placement, place
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -63,6 +64,30 @@ class KvSequence:
         self.tokens.extend(tokens)
         self.evaluated += len(tokens)
         return logits
+
+    def verify_tree(self, pending: int, tree: DraftTree) -> tuple[np.ndarray, Placement]:
+        """The pending token and a candidate tree in one evaluation, each node after its own ancestors
+        (its branches in spare sequences of the model): the logits after the pending token and after
+        every node, (1 + len(tree), n_vocab). `keep_path` then keeps one path and drops the rest."""
+        placement = place(tree, self.seq, self.model.spare_seqs)
+        start = len(self.tokens)
+        positions = [start, *(start + tree.depth(n) for n in range(len(tree)))]
+        self.model.fork(self.seq, placement.sequences[1:])
+        try:
+            logits = self.model.decode_placed([pending, *tree.tokens], positions,
+                                              [placement.sequences, *placement.holders])
+        except BaseException:
+            self.model.settle_branches(self.seq, self.seq, placement.sequences[1:], start, start)
+            raise
+        self.evaluated += 1 + len(tree)
+        return logits, placement
+
+    def keep_path(self, pending: int, tree: DraftTree, placement: Placement, path: Sequence[int]) -> None:
+        """After `verify_tree`: hold the pending token and the nodes of `path`, nothing else of the tree."""
+        start = len(self.tokens)
+        keeper = placement.keeper(path, self.seq)
+        self.model.settle_branches(self.seq, keeper, placement.sequences[1:], start + 1, start + 1 + len(path))
+        self.tokens.extend([pending, *(tree.tokens[n] for n in path)])
 
     def drop_unrecorded(self) -> None:
         """After a failed decode: a decode that failed after its first chunks left them in the cache;

@@ -168,6 +168,25 @@ class LanguageModel(Protocol):
         ...
 
     @property
+    def spare_seqs(self) -> Sequence[int]:
+        """Sequences a candidate tree's other branches may use while one is verified (engine/tree.py);
+        empty: this model verifies chains only."""
+        ...
+
+    def fork(self, seq: int, spares: Sequence[int]) -> None:
+        """Each of `spares` holds what `seq` holds (a tree's branches start from its context)."""
+        ...
+
+    def decode_placed(self, tokens: Sequence[int], positions: Sequence[int],
+                      holders: Sequence[Sequence[int]]) -> np.ndarray:
+        """One evaluation of tokens each held by the sequences given; the logits after every one."""
+        ...
+
+    def settle_branches(self, seq: int, keeper: int, spares: Sequence[int], start: int, n_keep: int) -> None:
+        """`seq` keeps its positions before `start`, then `keeper`'s up to `n_keep`; the spares nothing."""
+        ...
+
+    @property
     def max_rollback(self) -> int | None:
         """How many of its last positions a sequence can drop after a decode (a recurrent state's
         snapshots); None: any. The longest draft a verify can take back."""

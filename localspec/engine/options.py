@@ -16,6 +16,8 @@ class EngineOptions:
     learn_costs: bool = True         # refine those costs with the timings of real rounds
     history_drafts: bool = True      # draft from earlier requests' text (the "history" drafter)
     cache_reuse: int = 0             # reuse cached runs of at least this many tokens that moved (0: prefix only)
+    tree_leaves: int | None = None   # a model draft's second candidates, verified as a tree: None as many as the
+                                     # target's verify costs make free; N: that many (experiments); 0: chains only
 
 
 def plain_only_warning(target: LanguageModel) -> str:

@@ -246,6 +246,20 @@ class Sampler:
         return self.draw(q), float(q.max()), q
 
 
+    def second_candidate(self, logits: np.ndarray, history: Sequence[int], first: int,
+                         q: np.ndarray | None) -> tuple[int, float]:
+        """A candidate beside a model drafter's `first` token (a candidate tree's leaf) and what it is
+        worth where its depth is reached: greedy, the runner-up and its probability; sampling, another
+        draw from q, independent of the first (the multi-candidate rule needs each drawn from q: its worth
+        is the chance the first is not the target's, never read from the draw)."""
+        if q is not None:
+            return self.draw(q), 1.0 - float(q.max())
+        p = softmax(self.adjusted(logits, history))
+        p[first] = -1.0
+        token = int(np.argmax(p))
+        return token, float(p[token])
+
+
 class Choices(Protocol):
     """The target's choice at row i (a list, or rows computed only when asked for)."""
 

@@ -24,6 +24,7 @@ from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
 from localspec.engine.events import TokenLogprob
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
+from localspec.engine.tree import DraftTree, accept_greedy_tree, accept_sampled_tree
 
 # A draft promising less than this over plain decoding gives way to a plain round where plain decoding
 # has not been measured at the context's length yet (Planner.plain_wanted): at most
@@ -46,6 +47,8 @@ class Step:
     verify_s: float
     shared: int = 0  # other sequences evaluated in the same decode (requests decoded together)
     logprobs: tuple[TokenLogprob, ...] = ()  # the kept tokens' (accepted draft, then the target's), if asked for
+    candidates: int = 0  # a candidate tree's nodes, where the round verified one (`draft` is the branch kept)
+    took_second: bool = False  # the kept path left the chain for a second candidate
 
     @property
     def kind(self) -> str:
@@ -75,6 +78,11 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
     if sampler.settings.logprobs is not None:
         room = min(room, EXACT_VERIFY_POSITIONS - 1)
     proposal = propose(context, room, planner, sampler, constraint)
+    tree = proposal.draft.tree
+    if tree is not None and constraint is None and sampler.settings.logprobs is None and tree_fits(tree, room):
+        step, chain_kept = tree_round(target, context, proposal.draft, tree, sampler)
+        planner.observe(proposal.draft, chain_kept, step.verify_s, 1 + len(tree), step.token)
+        return step
     try:
         batch = proposal.batch(context)
         t0 = time.perf_counter()
@@ -142,6 +150,36 @@ def settle(target: KvSequence, context: list[int], proposal: Proposal, logits: n
         for t in kept:
             constraint.accept(t)
     return Step(draft=draft, accepted=accepted, token=token, verify_s=verify_s, shared=shared, logprobs=logprobs)
+
+
+def tree_fits(tree: DraftTree, room: int) -> bool:
+    """Whether a candidate tree is worth verifying as one (more than a chain) and its deepest node fits."""
+    return not tree.is_chain() and max(tree.depth(n) for n in range(len(tree))) <= room
+
+
+def tree_round(target: KvSequence, context: list[int], draft: Draft, tree: DraftTree,
+               sampler: Sampler) -> tuple[Step, int]:
+    """A round that verifies a candidate tree (engine/tree.py) instead of the draft's chain: the step,
+    whose draft is the branch the target followed, and how many of the chain's own tokens were kept (what
+    its drafter's acceptance learns from). Free text only: no grammar, no log-probabilities."""
+    pending = context[-1]
+    t0 = time.perf_counter()
+    logits, placement = target.verify_tree(pending, tree)
+    verify_s = time.perf_counter() - t0
+    tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
+    if sampler.greedy:
+        path, token = accept_greedy_tree(tree, lambda row, drafted: sampler.argmax(logits[row], tail + drafted))
+    else:
+        path, token = accept_sampled_tree(tree, lambda row, drafted: sampler.probs(logits[row], tail + drafted),
+                                          sampler.uniform, sampler.draw)
+    target.keep_path(pending, tree, placement, path)
+    kept = [tree.tokens[n] for n in path]
+    context.extend(kept)
+    context.append(token)
+    chain_kept = next((i for i, n in enumerate(path) if n != i), len(path))
+    followed = dataclasses.replace(draft, tokens=tree.branch_through(path[-1]) if path else draft.tokens)
+    return Step(draft=followed, accepted=len(path), token=token, verify_s=verify_s, candidates=len(tree),
+                took_second=chain_kept < len(path)), chain_kept
 
 
 def within_grammar(draft: Draft, constraint: Constraint) -> tuple[Draft, list[Constraint | None], np.ndarray | None]:

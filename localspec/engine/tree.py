@@ -89,6 +89,13 @@ class DraftTree:
         """`path(node)` without `node`: what the node attends to besides the context."""
         return self.path(node)[:-1]
 
+    def branch_through(self, node: int) -> list[int]:
+        """The tokens of the first branch through `node`: its path, then first children to a leaf."""
+        nodes = self.path(node)
+        while kids := self.children(nodes[-1]):
+            nodes.append(kids[0])
+        return [self.tokens[n] for n in nodes]
+
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
@@ -148,3 +155,61 @@ def accept_sampled_tree(tree: DraftTree, probs: Callable[[int, list[int]], np.nd
             return path, draw(residual / residual.sum())
         path.append(kept)
         node = kept
+
+
+def with_alternates(chain: Sequence[int], alternates: Sequence[int | None],
+                    q: np.ndarray | None = None) -> DraftTree:
+    """A chain with a second candidate beside some of its tokens: `alternates[d]` (None: none) is a leaf
+    beside `chain[d]`, a child of the same parent; `alternates` may be one longer than the chain, a leaf
+    after its last token (where the drafter stopped). `q` (sampling): the draft's distribution at each
+    depth, shared by a depth's two candidates (each drawn from it on its own)."""
+    if len(alternates) > len(chain) + 1:
+        raise ValueError("at most one alternate per depth, and one after the chain")
+    tokens, parents = list(chain), [i - 1 for i in range(len(chain))]
+    depths = list(range(len(chain)))
+    for depth, token in enumerate(alternates):
+        if token is not None:
+            tokens.append(token)
+            parents.append(depth - 1)
+            depths.append(depth)
+    rows = () if q is None else tuple(q[d] for d in depths)
+    return DraftTree(tuple(tokens), tuple(parents), rows)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A tree laid out in a KV cache: the branch ending at each leaf is one sequence, `main` the first
+    branch's (the first child at every node, so a chain's own), the others spare ones; a node is held
+    by every sequence whose branch goes through it, so it attends to its own ancestors and the context
+    only (llama.cpp masks a cell from a token unless they share a sequence)."""
+
+    holders: tuple[tuple[int, ...], ...]  # per node: the sequences that hold it
+    sequences: tuple[int, ...]            # every sequence used, main first (all hold the pending token)
+
+    def keeper(self, path: Sequence[int], main: int) -> int:
+        """The sequence that holds the whole kept path: main where it can."""
+        if not path or main in self.holders[path[-1]]:
+            return main
+        return self.holders[path[-1]][0]
+
+
+def place(tree: DraftTree, main: int, spares: Sequence[int]) -> Placement:
+    """`tree`'s branches on `main` and as many of `spares` as it needs (one per leaf but the first)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    first_leaf, node = None, ROOT
+    while children.get(node):
+        node = first_leaf = children[node][0]
+    leaves = [n for n in range(len(tree)) if n not in children]
+    others = [n for n in leaves if n != first_leaf]
+    if len(others) > len(spares):
+        raise ValueError(f"a tree of {len(leaves)} branches needs {len(others)} spare sequences; {len(spares)} given")
+    seq_of: dict[int, int] = dict(zip(others, spares))
+    if first_leaf is not None:
+        seq_of[first_leaf] = main
+    holders: list[list[int]] = [[] for _ in range(len(tree))]
+    for leaf in sorted(seq_of, key=lambda n: (seq_of[n] != main, n)):
+        for n in tree.path(leaf):
+            holders[n].append(seq_of[leaf])
+    return Placement(tuple(tuple(h) for h in holders), (main, *(seq_of[n] for n in others)))

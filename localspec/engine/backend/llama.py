@@ -52,6 +52,9 @@ class ModelOptions:
                                       # so a verify can drop up to this many draft tokens (llama.cpp's n_rs_seq); the
                                       # longest draft such a target is sent. Each costs one more copy of the state.
     mtp: bool = True                  # load and follow the file's MTP heads, if it has any (the `mtp` drafter)
+    tree_seqs: int = 0                # spare sequences for a candidate tree's other branches (engine/tree.py); only
+                                      # for one slot of a model whose positions can be dropped: they share one KV
+                                      # buffer with it (kv_unified), so a shared node is held once
 
     def with_(self, **changes) -> "ModelOptions":
         return dataclasses.replace(self, **changes)
@@ -120,6 +123,10 @@ class Model(_Metadata):
         cparams.n_seq_max = max(1, self.options.n_seq)
         # Each sequence its own cells by default: a slot's attention never spans the others'.
         cparams.kv_unified = self.options.kv_unified
+        trees = self.options.tree_seqs if self.options.n_seq <= 1 and not self.recurrent else 0
+        if trees:
+            # a token in several sequences needs them in one buffer (llama-batch.cpp: coupled sequences)
+            cparams.n_seq_max, cparams.kv_unified = 1 + trees, True
         # Logits are asked for a few positions per call (a verify batch), never a whole batch: a
         # buffer for n_batch rows would cost n_batch x n_vocab floats (311 MB for Qwen) per model.
         cparams.n_outputs_max = self.options.n_outputs_max
@@ -137,7 +144,9 @@ class Model(_Metadata):
             why = problems_since(mark) or "out of memory?"
             self.close()
             raise LocalspecError(f"Cannot create a context of {n_ctx} tokens for {self.path.name}: {why}")
-        self.n_seq = cparams.n_seq_max
+        self.n_seq = cparams.n_seq_max - trees
+        self._spares = tuple(range(self.n_seq, cparams.n_seq_max))
+        self._tree_batch = None  # a batch whose tokens may each be in every sequence (made at first use)
         self.n_ctx = L.llama_n_ctx_seq(self._ctx)  # per sequence: what one request may hold
         self.n_batch = L.llama_n_batch(self._ctx)
         self._memory = L.llama_get_memory(self._ctx)
@@ -244,6 +253,55 @@ class Model(_Metadata):
         self._run([(seq, tokens, start) for seq, tokens, start, _outputs in parts])
         return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
                           for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
+
+    @property
+    def spare_seqs(self) -> tuple[int, ...]:
+        """The sequences a candidate tree's other branches use; none while heads follow this cache (they
+        would see the tree's rows as a sequence's)."""
+        return () if self._followers else self._spares
+
+    def fork(self, seq: int, spares: Sequence[int]) -> None:
+        """Each of `spares` holds what `seq` holds (in the one buffer: each cell gains a sequence id)."""
+        for spare in spares:
+            L.llama_memory_seq_rm(self._memory, spare, -1, -1)
+            L.llama_memory_seq_cp(self._memory, seq, spare, -1, -1)
+
+    def decode_placed(self, tokens: Sequence[int], positions: Sequence[int],
+                      holders: Sequence[Sequence[int]]) -> np.ndarray:
+        """One `llama_decode` of tokens each held by the sequences given (a candidate tree laid out by
+        engine/tree.py's `place`), the logits after every one, (len(tokens), n_vocab)."""
+        if not self.spare_seqs:
+            raise LocalspecError(f"{self.path.name} was loaded without room for candidate trees.")
+        if len(tokens) > (limit := self.options.n_outputs_max or self.n_batch):
+            raise LocalspecError(f"At most {limit} logits rows per decode call; {len(tokens)} asked.")
+        if max(positions) >= self.n_ctx:
+            raise ContextOverflowError(f"{max(positions) + 1} tokens do not fit the context window of {self.n_ctx} tokens.")
+        batch = self._tree_batch
+        if batch is None:
+            batch = self._tree_batch = L.llama_batch_init(limit, 0, 1 + len(self.spare_seqs))
+        for j, (token, pos, seqs) in enumerate(zip(tokens, positions, holders)):
+            batch.token[j] = token
+            batch.pos[j] = pos
+            batch.n_seq_id[j] = len(seqs)
+            for k, seq in enumerate(seqs):
+                batch.seq_id[j][k] = seq
+            batch.logits[j] = True
+        batch.n_tokens = len(tokens)
+        rc = L.llama_decode(self._ctx, batch)
+        if rc != 0:
+            raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name} (a candidate tree).")
+        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
+                         for j in range(len(tokens))])
+
+    def settle_branches(self, seq: int, keeper: int, spares: Sequence[int], start: int, n_keep: int) -> None:
+        """After a tree's verify: `seq` keeps its positions before `start`, then `keeper`'s up to `n_keep`
+        (the kept branch); the spares hold nothing."""
+        if keeper != seq:
+            L.llama_memory_seq_rm(self._memory, seq, start, -1)
+            L.llama_memory_seq_cp(self._memory, keeper, seq, start, n_keep)
+        for spare in spares:
+            L.llama_memory_seq_rm(self._memory, spare, -1, -1)
+        L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
 
     def _run(self, parts: list[tuple[int, list[int], int]]) -> None:
         """The model's one `llama_decode`: the batch as filled, holding these (seq, tokens, start) parts in
@@ -382,6 +440,9 @@ class Model(_Metadata):
         self.mtp, self._followers = None, []
         for close in attached:  # (their contexts use these weights)
             close()
+        if getattr(self, "_tree_batch", None) is not None:
+            L.llama_batch_free(self._tree_batch)
+            self._tree_batch = None
         free_context(self._ctx, self._batch)
         self._ctx = self._batch = None
         if self._model:

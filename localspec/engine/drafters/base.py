@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from localspec.engine.kv import KvSequence
     from localspec.engine.model import BlockHead, LanguageModel, PredictionHead
     from localspec.engine.sampling import Sampler
+    from localspec.engine.tree import DraftTree
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Draft:
     evidence: int = 0             # lookups: tokens of agreement behind the proposal (shown on its round)
     seconds: float = 0.0
     note: object = None           # the drafter's own record of how it made the draft
+    tree: DraftTree | None = None  # candidates beside `tokens`, verified together (engine/tree.py); tokens is its
+                                   # first branch, verified alone where a tree cannot be (a grammar, log-probs)
 
     @staticmethod
     def empty() -> "Draft":
@@ -136,6 +139,7 @@ class Sources:
     learn_costs: bool = True
     draft_cost_s: float | None = None   # a measured cost per draft token, to skip calibration (tests)
     history: bool = True                # draft from earlier requests' text
+    tree_leaves: int | None = None      # a model draft's second candidates (EngineOptions.tree_leaves)
     history_file: object | None = None  # where the history index persists (None: memory only)
 
 

@@ -13,11 +13,16 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, margin_for
+from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, free_positions, margin_for
 from localspec.engine.calibration import calibrated_costs
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence, common_prefix
 from localspec.engine.sampling import Sampler
+from localspec.engine.tree import DraftTree, with_alternates
+
+
+# A chain's second candidates: one beside each of its tokens and one after (ModelDrafter.max_len + 1)
+MAX_TREE_LEAVES = 8
 
 
 class ModelDrafter(Drafter):
@@ -35,7 +40,8 @@ class ModelDrafter(Drafter):
     prefill_batch = 64     # positions of the prefill whose cost prices a catch-up, measured at load
 
     def __init__(self, model, p_min: float = 0.5, name: str = "model", per_token_s: float = 0.0,
-                 prior: float = 0.7, learn_costs: bool = True, prefill_s: float | None = None):
+                 prior: float = 0.7, learn_costs: bool = True, prefill_s: float | None = None,
+                 tree_leaves: int | None = None):
         self.name = name  # "model" (a separate draft GGUF) or "self" (the target's own layers)
         self.sequences = [KvSequence(model, seq=i) for i in range(model.n_seq)]
         self.p_min = p_min  # stop drafting when the draft's top probability falls below this
@@ -43,6 +49,9 @@ class ModelDrafter(Drafter):
         self.prefill_s = prefill_s  # seconds per position of a catch-up, measured; None: estimated
         self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
         self.learn_costs = learn_costs
+        # Second candidates beside the chain, verified with it as a tree (engine/tree.py): None, as many
+        # as the target's verify costs make free (`leaves_for`); a number: that many wherever there is room.
+        self.tree_leaves = tree_leaves
         self._requests = 0
 
     @classmethod
@@ -57,7 +66,19 @@ class ModelDrafter(Drafter):
             prefill = calibrated_costs(model, sources.calibrate, sizes=(n,), prefill=True).get(n)
         return cls(model, p_min=sources.p_min, name=name, per_token_s=per_token,
                    prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs,
-                   prefill_s=prefill / cls.prefill_batch if prefill else None)
+                   prefill_s=prefill / cls.prefill_batch if prefill else None, tree_leaves=sources.tree_leaves)
+
+    def leaves_for(self, length: int, room: int, plan: Plan) -> int:
+        """How many second candidates a chain of `length` gets: one per depth at most, and one after the
+        chain where it fits `room`; none without spare sequences in the target (engine/tree.py), under a
+        grammar (a tree's leaves are not checked against it), or for a draft of nothing."""
+        spares = len(plan.target.model.spare_seqs) if plan.target is not None else 0
+        if length <= 0 or spares == 0 or plan.grammar is not None:
+            return 0
+        most = min(length + (1 if length < room else 0), spares)
+        if self.tree_leaves is not None:
+            return min(self.tree_leaves, most)
+        return min(free_positions(plan.cost, length + 1) - (length + 1), most)
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "ModelTurn":
         # What earlier requests taught is kept as a prior at reduced weight, so this request's own
@@ -102,6 +123,7 @@ class ModelTurn(Turn):
         self.kv = kv
         self.acceptance = acceptance
         self._ready: tuple[int, np.ndarray] | None = None  # logits after a prepared context
+        self._leaves = 0  # second candidates the last offer priced (`ModelDrafter.leaves_for`)
         self.drafted = False  # whether this request drafted with it (its record then is the drafter's)
 
     # ------------------------------------------------------------------ pricing
@@ -125,10 +147,12 @@ class ModelTurn(Turn):
         if cap <= 0:
             return None
         if plan.fixed_len is not None:
+            self._leaves = self.drafter.leaves_for(cap, room, plan)
             return Offer(cap, 0.0)  # a fixed length: a lookup that found something goes first
         k, rate = self._best(cap, plan)
         if k > 0 and not self.catch_up_pays(context, rate, plan):
             k = 0
+        self._leaves = self.drafter.leaves_for(k, room, plan)
         return Offer(k, rate)
 
     def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
@@ -204,9 +228,11 @@ class ModelTurn(Turn):
         return logits, self.kv.evaluated - before
 
     def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
-        return self.propose(context, length, sampler)
+        return self.propose(context, length, sampler, leaves=self._leaves if length > 0 else 0)
 
-    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler) -> Draft:
+    def propose(self, context: Sequence[int], max_len: int, sampler: Sampler, leaves: int = 0) -> Draft:
+        """A chain of at most `max_len` tokens, and with `leaves`, a candidate tree: that many second
+        candidates where they are worth most (`with_leaves`), for the same decodes."""
         if max_len <= 0 or len(context) + max_len > self.kv.n_ctx:
             return Draft.empty()  # a draft context smaller than the target's just stops drafting
         t0 = time.perf_counter()
@@ -215,25 +241,49 @@ class ModelTurn(Turn):
         history = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        seconds: list[tuple[int, float, float]] = []  # per depth: a second candidate, its worth, the chain's confidence
         while True:
-            token, confidence, q = sampler.draft_token(logits, history, p_min > 0)
+            token, confidence, q = sampler.draft_token(logits, history, p_min > 0 or leaves > 0)
             if q is not None:
                 rows.append(q)
             if tokens and confidence < p_min:
+                seconds.append((token, confidence, 0.0))  # where the chain stops, its own choice is the candidate
                 break  # not even this one: the draft stops where the model stops being sure
+            if leaves:
+                runner_up, worth = sampler.second_candidate(logits, history, token, q)
+                seconds.append((runner_up, worth, confidence))
             tokens.append(token)
             history.append(token)
             if len(tokens) >= max_len or confidence < p_min:
                 break
             logits = self.kv.extend([token], [0])[0]
-        seconds = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
         decodes = len(tokens) - 1 + (1 if caught_up else 0)
-        return Draft(
+        draft = Draft(
             tokens=tokens,
             q=np.stack(rows[:len(tokens)]) if rows else None,
             source=self.drafter.name,
-            seconds=seconds,
+            seconds=elapsed,
             # The note: seconds per drafted token, when this draft measured the steady cost (a long
             # catch-up, a new prompt, says nothing about it).
-            note=seconds / decodes if decodes > 0 and caught_up <= 2 else None,
+            note=elapsed / decodes if decodes > 0 and caught_up <= 2 else None,
         )
+        if leaves:
+            draft.tree = with_leaves(tokens, seconds, leaves, np.stack(rows) if rows else None)
+        return draft
+
+
+def with_leaves(chain: list[int], seconds: list[tuple[int, float, float]], leaves: int,
+                q: np.ndarray | None) -> DraftTree:
+    """The chain and `leaves` of its second candidates (`seconds[d]`: the one at depth d, its worth where
+    depth d is reached, and the draft's confidence in the chain's own token there; one after the chain
+    where it stopped): those most likely to be what the target keeps, each weighed by the chance the
+    chain reaches its depth (the product of the confidences before it). Sampling, a depth's worth reads
+    only q, so which depths get a candidate never depends on a candidate's own draw."""
+    reach, weighed = 1.0, []
+    for depth, (_token, worth, confidence) in enumerate(seconds):
+        weighed.append((reach * worth, -depth))
+        reach *= confidence
+    chosen = {-d for _w, d in sorted(weighed, reverse=True)[:leaves]}
+    alternates = [token if depth in chosen else None for depth, (token, _w, _c) in enumerate(seconds)]
+    return with_alternates(chain, alternates, q)
