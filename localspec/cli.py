@@ -171,6 +171,9 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @click.option("--drafter", type=click.Choice(DRAFTER_SETTINGS), default="auto", show_default=True, help=DRAFTER_OPTION_HELP)
 @click.option("--draft-len", type=DraftLength(), default="auto", show_default=True,
               help="'auto' (adaptive) or a fixed number of tokens.")
+@click.option("--tree-leaves", type=DraftLength(), default="auto", show_default=True,
+              help="Second candidates a draft model's chain is verified with, as a tree: 'auto' (as many as the "
+                   "target's measured verify costs make free), a number, or 0 (chains only).")
 @sampling_options
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--draft", "draft_id", default=None, metavar="ID|PATH",
@@ -182,8 +185,9 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
 @no_history_option
 @rpc_options
-def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, repeat_penalty, seed, max_tokens,
-        draft_id, system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public, tensor_split) -> None:
+def run(entry_id, prompt, drafter, draft_len, tree_leaves, temperature, top_k, top_p, min_p, repeat_penalty, seed,
+        max_tokens, draft_id, system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public,
+        tensor_split) -> None:
     """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
 
     The answer streams to stdout; a one-line summary (tokens/s, plain baseline, speedup, acceptance)
@@ -198,7 +202,7 @@ def run(entry_id, prompt, drafter, draft_len, temperature, top_k, top_p, min_p, 
     settings = sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     config = load_user_config()
     placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
-    with load(entry_id, draft=draft_id, drafter=drafter, draft_len=draft_len, n_ctx=n_ctx,
+    with load(entry_id, draft=draft_id, drafter=drafter, draft_len=draft_len, tree_leaves=tree_leaves, n_ctx=n_ctx,
               history=config.history(no_history_drafts), flash_attn=config.flash_attn(), **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)

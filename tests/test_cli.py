@@ -37,6 +37,22 @@ def test_run_json_prints_rounds_and_a_summary_and_reads_stdin(smollm2_home):
 
 
 @pytest.mark.model
+def test_run_verifies_a_draft_models_second_candidates_as_trees(smollm2_home, smollm2_q2k_path):
+    result = _run(["run", "smollm2-135m", "Count from one to twenty in words, comma-separated.", "--json",
+                   "--max-tokens", "40", "--draft", str(smollm2_q2k_path), "--drafter", "model", "--draft-len", "3",
+                   "--tree-leaves", "3", "--no-history-drafts"], smollm2_home)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    rounds, summary = [x for x in lines if x["type"] == "round"], lines[-1]
+    trees = [r for r in rounds if r["candidates"]]
+    assert trees and summary["tree_rounds"] == len(trees)
+    assert all(len(r["accepted"]) + len(r["rejected"]) < r["candidates"] for r in trees)  # the branch, not the tree
+    plain = _run(["run", "smollm2-135m", "Count from one to twenty in words, comma-separated.", "--json",
+                  "--max-tokens", "40", "--drafter", "none", "--no-history-drafts"], smollm2_home)
+    assert json.loads(plain.stdout.splitlines()[-1])["tree_rounds"] == 0
+
+
+@pytest.mark.model
 def test_a_second_run_drafts_from_the_first_and_the_history_can_be_turned_off(smollm2_home):
     """The history persists across processes (under the cache folder), is reported by doctor, and a
     damaged file is a warning, not a failure."""
@@ -73,6 +89,7 @@ def test_user_mistakes_get_a_message_not_a_traceback(tmp_path):
         (["pull", "qwen2.5-codr"], "Did you mean"),
         (["run", "smollm2-135m", "hi"], "not pulled yet"),
         (["run", "smollm2-135m", "hi", "--draft-len", "many"], "--draft-len"),
+        (["run", "smollm2-135m", "hi", "--tree-leaves", "-1"], "--tree-leaves"),
         (["check", str(tmp_path / "missing.gguf"), str(tmp_path / "also.gguf")], "not found"),
         (["rm", "nothing-like-this"], "No model or pair"),
         (["bench", "smollm2-135m", "--suite", "code", "--prompts", "code-4,code-99"], "No prompt code-99"),

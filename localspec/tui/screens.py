@@ -322,6 +322,8 @@ class DetailsScreen(ModalScreen[None]):
                     ("drafted", f"{s.drafted} tokens, {s.accepted} accepted "
                                 f"({s.acceptance_rate:.0%}), {s.mean_accepted_per_round:.2f} per round"),
                     ("rounds", f"{s.rounds}: " + ", ".join(f"{k} {v}" for k, v in s.rounds_by_drafter.items())),
+                    *([("trees", f"{s.tree_rounds} rounds verified a second candidate beside the draft's tokens; "
+                                 f"the target kept one in {s.seconds_kept}")] if s.tree_rounds else []),
                     ("time", f"draft {s.draft_s:.2f}s, verify {s.verify_s:.2f}s"),
                     ("drafter", s.drafter),
                     ("stopped", s.stop_reason),
