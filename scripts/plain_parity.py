@@ -16,7 +16,7 @@ half the cores). The verdict is the median of per-round ratios.
 context on the same file), to find what makes a difference: same (localspec's own settings again:
 the spread between two loads of one file), llama-like (all of `Llama`'s), fa-on / fa-off (flash attention),
 outputs-all (n_outputs_max = n_batch, llama.cpp's default), mmap-explicit (load mode MMAP, as `Llama`
-asks, instead of AUTO).
+asks, instead of AUTO), no-trees (no spare sequences for candidate trees, so no unified KV buffer).
 
 Time to first token: a long prompt (~1,500 tokens) from an empty cache with `--drafter auto` and with
 `--drafter none`, alternated; with the default pair on a CPU the planner does not draft with the 0.5B
@@ -59,6 +59,7 @@ VARIANTS = {
     "fa-off": {"flash_attn": False},
     "outputs-all": {"n_outputs_max": 0},
     "mmap-explicit": {"mmap": True},
+    "no-trees": {"tree_seqs": 0},  # without the spare sequences of candidate trees (one KV buffer for them)
 }
 
 
