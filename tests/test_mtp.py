@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_CACHE
-from reference_drafts import SCRIPT, assert_drafts_match, drafts_of, recorded
+from reference_drafts import (SCRIPT, assert_drafts_match, assert_sampling_keeps_the_targets_distribution,
+                              drafts_of, recorded)
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import Round, answer_tokens
@@ -95,6 +96,11 @@ def test_greedy_answers_equal_plain_decoding(engine, reference):
         assert answer_tokens(events) == plain, (drafter, draft_len)
     drafts, accepted = drafts_of(engine.generate(reference["prompt"], max_tokens=40, drafter="mtp", draft_len=3))
     assert sum(accepted) > 0 and sum(map(len, drafts)) > sum(accepted)
+
+
+def test_sampled_answers_keep_the_targets_distribution(engine, mtp_gguf, reference):
+    """End to end on llama.cpp, where the head's greedy drafts are kept in part and whole."""
+    assert_sampling_keeps_the_targets_distribution(engine, mtp_gguf, reference["prompt"], "mtp")
 
 
 def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf, reference):
