@@ -18,7 +18,9 @@ from localspec.engine.kv import KvSequence
 from localspec.engine.tree import with_alternates
 from localspec.engine.events import Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
-from localspec.engine.sampling import SamplingSettings
+from localspec.engine.drafters.base import Draft
+from localspec.engine.sampling import Sampler, SamplingSettings
+from localspec.engine.speculative import tree_round
 from toy import TWO_TOKEN_TOY, ToyModel, exact_two_tokens
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
@@ -189,3 +191,17 @@ def test_a_pair_loads_its_target_with_spare_sequences_for_trees_only_with_one_sl
             assert engine.target.spare_seqs == ()
         finally:
             engine.close()
+
+
+def test_a_kept_leaf_after_the_chain_counts_as_a_second_candidate_not_a_chain_token():
+    """The chain's drafter learns from its own tokens only: a leaf after the whole chain, kept, is the
+    tree's gain, not one more chain token kept."""
+    model = ToyModel(seed=3, tree_seqs=2)
+    context = [0, 5, 9, 11]
+    greedy = _plain(context, 3, dict(seed=3))
+    kv = KvSequence(model)
+    kv.extend(context[:-1])
+    tree = with_alternates(greedy[:2], [None, None, greedy[2]])
+    step, chain_kept = tree_round(kv, context, Draft(tokens=greedy[:2]), tree, Sampler(SamplingSettings(temperature=0)))
+    assert (step.accepted, chain_kept, step.took_second) == (3, 2, True)
+    assert context[4:7] == greedy and model.seqs[0] == context[:-1]

@@ -55,11 +55,11 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
-    # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
-    # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
     # A draft model's candidate trees take spare sequences of a one-slot target (engine/tree.py).
     drafts_trees = tree_leaves != 0 and (self_draft_path is not None or (
         draft_path is not None and not is_eagle3(Path(draft_path)) and not is_dflash(Path(draft_path))))
+    # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
+    # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
     loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
                           devices=target_devices, tensor_split=tensor_split, placement=placement,
                           flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"),

@@ -245,7 +245,6 @@ class Sampler:
         q = self.probs(logits, history)
         return self.draw(q), float(q.max()), q
 
-
     def second_candidate(self, logits: np.ndarray, history: Sequence[int], first: int,
                          q: np.ndarray | None) -> tuple[int, float]:
         """A candidate beside a model drafter's `first` token (a candidate tree's leaf) and what it is

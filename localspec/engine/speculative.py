@@ -176,7 +176,8 @@ def tree_round(target: KvSequence, context: list[int], draft: Draft, tree: Draft
     kept = [tree.tokens[n] for n in path]
     context.extend(kept)
     context.append(token)
-    chain_kept = next((i for i, n in enumerate(path) if n != i), len(path))
+    # the chain's tokens are the tree's first nodes (tree.with_alternates): kept while the path is them
+    chain_kept = next((i for i, n in enumerate(path) if n != i or i >= len(draft.tokens)), len(path))
     followed = dataclasses.replace(draft, tokens=tree.branch_through(path[-1]) if path else draft.tokens)
     return Step(draft=followed, accepted=len(path), token=token, verify_s=verify_s, candidates=len(tree),
                 took_second=chain_kept < len(path)), chain_kept
