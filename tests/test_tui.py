@@ -345,3 +345,25 @@ async def test_help_and_details_screens():
         app.log_view.query(SummaryLine).last().action_open()
         await until(pilot, lambda: type(app.screen).__name__ == "DetailsScreen" and app.screen.query("#details-spans"))
         assert "def add" in app.screen.query_one("#details-spans").visual.plain
+
+
+async def test_details_say_how_many_rounds_verified_trees_and_kept_a_second_candidate():
+    from localspec.engine.events import Prefill, Round, Tally
+    from localspec.tui.screens import DetailsScreen
+
+    tally = Tally()
+    for i, (candidates, second) in enumerate([(0, False), (6, True), (6, False)]):
+        tally.add(Round(index=i, drafter="model", accepted=(1, 2), rejected=(3,), token=4, token_kind="correction",
+                        accepted_text="ab", rejected_text="c", token_text="d", text="abd", draft_s=0.01,
+                        verify_s=0.02, candidates=candidates, took_second=second))
+    summary = tally.summary(text="abdabdabd", stop_reason="length", prefill=Prefill(4, 4, 0, 0.1), wall_s=1.0,
+                            baseline_tokens_per_s=5.0, drafter="model")
+    assert (summary.tree_rounds, summary.seconds_kept) == (2, 1)
+    assert "trees in 2 rounds (a second candidate kept in 1)" in summary.one_line()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        app.push_screen(DetailsScreen(summary, None, None, summary.text))
+        await until(pilot, lambda: type(app.screen).__name__ == "DetailsScreen" and app.screen.query("#details-spans"))
+        shown = " ".join(w.visual.plain for w in app.screen.query("Static"))
+        assert "2 rounds verified a second candidate" in shown and "kept one in 1" in shown
