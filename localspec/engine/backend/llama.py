@@ -287,9 +287,7 @@ class Model(_Metadata):
                 batch.seq_id[j][k] = seq
             batch.logits[j] = True
         batch.n_tokens = len(tokens)
-        rc = L.llama_decode(self._ctx, batch)
-        if rc != 0:
-            raise LocalspecError(f"llama_decode failed with code {rc} on {self.path.name} (a candidate tree).")
+        self._run([], batch)  # (no parts: a tree's rows are no sequence's, and no head follows while trees are drafted)
         return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
                          for j in range(len(tokens))])
 
@@ -303,10 +301,10 @@ class Model(_Metadata):
             L.llama_memory_seq_rm(self._memory, spare, -1, -1)
         L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
 
-    def _run(self, parts: list[tuple[int, list[int], int]]) -> None:
-        """The model's one `llama_decode`: the batch as filled, holding these (seq, tokens, start) parts in
-        order; the followers (prediction heads) see the same rows."""
-        rc = L.llama_decode(self._ctx, self._batch)
+    def _run(self, parts: list[tuple[int, list[int], int]], batch=None) -> None:
+        """The model's one `llama_decode`: the batch as filled (`batch`, else the model's own), holding these
+        (seq, tokens, start) parts in order; the followers (prediction heads) see the same rows."""
+        rc = L.llama_decode(self._ctx, self._batch if batch is None else batch)
         if rc == 1:
             raise ContextOverflowError(f"The KV cache of {self.path.name} is full ({self.n_ctx} tokens).")
         if rc != 0:
