@@ -5,8 +5,9 @@ token with and without the draft model, measured in one process with the order a
     .venv/bin/python scripts/plain_parity.py --tokens 128 --rounds 4 --json parity.json
     .venv/bin/python scripts/plain_parity.py --variants fa-on,fa-off,outputs-all   # find a cause
 
-Decode speed: for every prompt and round the two sides run back to back, A B on even rounds and B A on
-odd ones (on a 2-core machine the order alone moves a figure by up to ~10%). Both time the answer only
+Decode speed: for every prompt and round the sides run back to back, the order rotated each round so
+that every side (variants included) runs in every place equally often over as many rounds as there are
+sides (on a 2-core machine the order alone moves a figure by up to ~10%). Both time the answer only
 (the prompt minus its last token is evaluated beforehand, untimed, by each side alike). localspec runs
 with the whole pair loaded, as `localspec chat` does, and `--drafter none`. `Llama` gets the same
 context size and every core, which is the fastest plain `Llama` a user can ask for (its default is
@@ -88,8 +89,8 @@ def parity(engine, extra: dict, peer, prompts: list[list[int]], rounds: int, max
         prompt = Prompt("parity", p, "")
         for r in range(rounds):
             order = [*sides, "Llama"]
-            if (p + r) % 2:
-                order.reverse()
+            shift = (p * rounds + r) % len(order)  # every side in every place alike: the place moves a figure
+            order = order[shift:] + order[:shift]
             got = {}
             for name in order:
                 if name == "Llama":
