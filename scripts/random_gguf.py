@@ -337,18 +337,25 @@ def _target_dims(target: Path) -> tuple[int, int, int, int, int]:
                              "attention.head_count_kv", "feed_forward_length"))
 
 
+def _beside_target(w: gguf.GGUFWriter, arch: str, target: Path, blocks: int) -> tuple[int, int, int, int, int]:
+    """What a draft that reads the target's layer inputs (EAGLE-3, DFlash) shares: the target's width,
+    heads and FFN, `blocks` layers of its own, and the target's layers it reads (low, middle and high, as
+    EAGLE-3 trains on). Returns the target's dims."""
+    dims = n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(blocks)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_array(f"{arch}.target_layers", [1, n_layer // 2, n_layer - 3])
+    return dims
+
+
 def _eagle3(w: gguf.GGUFWriter, t: _Tensors, target: Path) -> None:
     """One decoder layer over [norm(token embedding); norm(g)], g = fc(the target's inputs to three of its
     layers); no token embeddings or output head of its own (the target's are used)."""
-    n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    n_embd, _n_layer, n_head, n_head_kv, n_ff = _beside_target(w, "eagle3", target, blocks=1)
     head = n_embd // n_head
-    layers = [1, n_layer // 2, n_layer - 3]  # low, middle and high, as EAGLE-3 trains on
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_block_count(1)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_array("eagle3.target_layers", layers)
     w.add_uint32("eagle3.target_hidden_size", n_embd)
     t.add("fc.weight", 3 * n_embd, n_embd)
     t.add("output_norm.weight", n_embd, ones=True)
@@ -371,15 +378,8 @@ def _dflash(w: gguf.GGUFWriter, t: _Tensors, target: Path, mask_token: int, bloc
     block_size - 1 mask tokens, attending to them and to each other both ways, predicts the block. Two
     layers of the target's width; no token embeddings or output head of its own (the target's are used).
     The target's tokenizer is copied with a mask token (`mask_token`, what fills the block's slots)."""
-    n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    n_embd, _n_layer, n_head, n_head_kv, n_ff = _beside_target(w, "dflash", target, blocks=2)
     head = n_embd // n_head
-    layers = [1, n_layer // 2, n_layer - 3]
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_block_count(2)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_array("dflash.target_layers", layers)
     w.add_uint32("dflash.block_size", block_size)
     w.add_uint32("tokenizer.ggml.mask_token_id", mask_token)
     t.add("fc.weight", 3 * n_embd, n_embd)
