@@ -55,9 +55,12 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
+    # What kind of draft it is, read once from its header: a second model, or one beside the target.
+    eagle3_draft = draft_path is not None and is_eagle3(Path(draft_path))
+    dflash_draft = draft_path is not None and not eagle3_draft and is_dflash(Path(draft_path))
     # A draft model's candidate trees take spare sequences of a one-slot target (engine/tree.py).
     drafts_trees = tree_leaves != 0 and (self_draft_path is not None or (
-        draft_path is not None and not is_eagle3(Path(draft_path)) and not is_dflash(Path(draft_path))))
+        draft_path is not None and not eagle3_draft and not dflash_draft))
     # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
     # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
     loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
@@ -70,11 +73,11 @@ def load_files(
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
         local = ModelOptions(n_ctx=target.n_ctx * target.n_seq, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
                              n_seq=target.n_seq, flash_attn=flash_attn)
-        if draft_path is not None and is_eagle3(Path(draft_path)):
+        if draft_path is not None and eagle3_draft:
             # drafts from the target's hidden states, beside it (the target closes it)
             eagle3 = Eagle3Draft(Path(draft_path), target)
             draft_path = None
-        elif draft_path is not None and is_dflash(Path(draft_path)):
+        elif draft_path is not None and dflash_draft:
             dflash = DFlashDraft(Path(draft_path), target)  # the same, a block at a time
             draft_path = None
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
