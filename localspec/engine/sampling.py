@@ -199,6 +199,13 @@ class Sampler:
     def greedy(self) -> bool:
         return self.settings.greedy
 
+    def penalty_tail(self, context: Sequence[int]) -> list[int]:
+        """The context's tokens a repetition penalty reads (none without one): a verify row's history is
+        this tail and the draft tokens before the row."""
+        if self.settings.repeat_penalty == 1.0:
+            return []
+        return list(context[-max(self.settings.repeat_last_n, 0):])
+
     def recent(self, history: Sequence[int]) -> Sequence[int]:
         n = self.settings.repeat_last_n
         return history[-n:] if n > 0 else ()

@@ -166,7 +166,7 @@ def tree_round(target: KvSequence, context: list[int], draft: Draft, tree: Draft
     t0 = time.perf_counter()
     logits, placement = target.verify_tree(pending, tree)
     verify_s = time.perf_counter() - t0
-    tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
+    tail = sampler.penalty_tail(context)
     if sampler.greedy:
         path, token = accept_greedy_tree(tree, lambda row, drafted: sampler.argmax(logits[row], tail + drafted))
     else:
@@ -205,7 +205,7 @@ def decide(logits: np.ndarray, context: list[int], draft: Draft, sampler: Sample
            q_next: np.ndarray | None = None) -> tuple[int, int]:
     """From the verify rows (one per draft token, plus one): how many draft tokens are accepted, and
     the target's next token. With no draft, a plain round's token."""
-    tail = list(context[-max(sampler.settings.repeat_last_n, 0):]) if sampler.settings.repeat_penalty != 1.0 else []
+    tail = sampler.penalty_tail(context)
     if sampler.greedy:
         choices = _LazyChoices(lambda i: sampler.argmax(logits[i], tail + draft.tokens[:i], rows[i]))
         if draft.exact and sampler.settings.replayable:
