@@ -109,3 +109,9 @@ def test_the_best_ids_are_those_of_a_full_sort_however_spread_the_logits(scale):
             got = top_ids(logits, m)
             assert len(got) == m and np.array_equal(np.sort(logits[got])[::-1], logits[expected])
             assert np.all(logits[got][:-1] >= logits[got][1:])  # best first
+
+
+def test_a_verify_rows_penalty_history_is_the_contexts_last_tokens_only_with_a_penalty():
+    context = list(range(100))
+    assert Sampler(SamplingSettings(temperature=0, repeat_penalty=1.1, repeat_last_n=4)).penalty_tail(context) == [96, 97, 98, 99]
+    assert Sampler(SamplingSettings(temperature=0, repeat_penalty=1.0, repeat_last_n=4)).penalty_tail(context) == []
