@@ -251,8 +251,13 @@ class Model(_Metadata):
             outputs.append(list(range(j - count, j)))
         batch.n_tokens = j
         self._run([(seq, tokens, start) for seq, tokens, start, _outputs in parts])
-        return [np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-                          for i in rows]) for rows in outputs]  # (np.stack copies out of llama.cpp's buffer)
+        return [self._logits_rows(rows) for rows in outputs]
+
+    def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
+        """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
+        buffer (the next decode overwrites it)."""
+        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+                         for i in rows])
 
     @property
     def spare_seqs(self) -> tuple[int, ...]:
@@ -288,8 +293,7 @@ class Model(_Metadata):
             batch.logits[j] = True
         batch.n_tokens = len(tokens)
         self._run([], batch)  # (no parts: a tree's rows are no sequence's, and no head follows while trees are drafted)
-        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
-                         for j in range(len(tokens))])
+        return self._logits_rows(range(len(tokens)))
 
     def settle_branches(self, seq: int, keeper: int, spares: Sequence[int], start: int, n_keep: int) -> None:
         """After a tree's verify: `seq` keeps its positions before `start`, then `keeper`'s up to `n_keep`
