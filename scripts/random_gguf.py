@@ -20,6 +20,11 @@ Architectures:
   (`blk.N.nextn.*`, `qwen35.nextn_predict_layers`): the head the `mtp` drafter drafts with.
 - `glm4moe`: GLM-4.5's transformer (attention, a dense first block, then mixture-of-experts blocks with a
   shared expert); with `--mtp 1`, the MTP block GLM-4.5 ships after the trunk: a transformer with heads.
+- `step35`: StepFun's Step-3.5, a transformer alternating full and sliding-window attention; with
+  `--mtp N`, N MTP blocks after the trunk, which llama.cpp chains (head k drafts the k-th token:
+  `llama_set_nextn_layer_offset`), the one family in its sources whose heads are several. Written with
+  dense FFNs (llama.cpp takes a block without `ffn_gate_inp` as dense), the experts being no part of what
+  the heads test.
 - `mamba`: Mamba, recurrent layers only, a state llama.cpp cannot roll back (plain decoding only).
 - `eagle3`: an EAGLE-3 draft for the GGUF given as `--tokenizer` (its width, heads and layers: the
   draft reads the inputs of three of its layers, `eagle3.target_layers`, and uses its token embeddings
@@ -74,8 +79,9 @@ SHAPES = {
     "lfm2.5-1.2b": Shape(n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
                          attention=(2, 5, 8, 10, 12, 14), f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "glm4moe", "mamba", "bert", "eagle3", "dflash")
-MTP_ARCHS = ("qwen35", "glm4moe")
+ARCHS = ("lfm2", "qwen35", "glm4moe", "step35", "mamba", "bert", "eagle3", "dflash")
+MTP_ARCHS = ("qwen35", "glm4moe", "step35")
+CHAINED_MTP_ARCHS = ("step35",)  # llama.cpp runs one MTP block for the others (src/models/<arch>.cpp)
 
 
 class _Tensors:
@@ -89,12 +95,19 @@ class _Tensors:
         self.noise_rng = np.random.default_rng([seed, 1])
         self.f16 = f16
         self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool, bool]] = []
+        self.copies: dict[str, str] = {}  # a tensor written as another's values: its name -> the other's
 
     def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False, eye: bool = False) -> None:
         """`eye`: plus the identity on the first ne1 columns (a projection that passes its first input on)."""
         matrix = len(ne) == 2 and not ones and "conv" not in name  # what llama.cpp multiplies by
         dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
         self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones, eye))
+
+    def copy(self, name: str, of: str) -> None:
+        """A tensor with the values of `of` (listed before it): an output layer tied to the embeddings."""
+        source = next(entry for entry in self.listed if entry[0] == of)
+        self.listed.append((name,) + source[1:])
+        self.copies[name] = of
 
     def block_start(self, p: str, s: "Shape", ffn_norm: str) -> None:
         """A block's norms (the second one by the name its architecture gives it) and its gated FFN."""
@@ -110,8 +123,12 @@ class _Tensors:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for _name, shape, dtype, negative, ones, eye in self.listed:
-            writer.write_tensor_data(self._draw(shape, negative, ones, eye).astype(dtype))
+        kept = {}  # the values of tensors that others copy
+        for name, shape, dtype, negative, ones, eye in self.listed:
+            data = kept[self.copies[name]] if name in self.copies else self._draw(shape, negative, ones, eye)
+            if name in self.copies.values():
+                kept[name] = data
+            writer.write_tensor_data(data.astype(dtype))
 
     def _draw(self, shape: tuple[int, ...], negative: bool, ones: bool, eye: bool = False) -> np.ndarray:
         if ones:  # norms: random scales would only make the gibberish louder
@@ -280,6 +297,35 @@ def _glm4moe(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, mtp: int =
             _nextn(t, p, s)
 
 
+def _step35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int, mtp: int = 0) -> None:
+    head = s.head
+    w.add_uint32("step35.attention.head_count", s.n_head)
+    w.add_uint32("step35.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32("step35.expert_feed_forward_length", s.n_ff)  # read always, used by expert blocks only
+    # odd trunk layers slide (a window as long as the context, so a rollback never meets a pruned cell);
+    # the MTP blocks attend fully
+    w.add_uint32("step35.attention.sliding_window", n_ctx)
+    w.add_array("step35.attention.sliding_window_pattern", [i % 2 for i in range(s.n_layer)] + [0] * mtp)
+    if mtp:
+        w.add_uint32("step35.nextn_predict_layers", mtp)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("output_norm.weight", s.n_embd, ones=True)
+    # the output layer (required here) tied to the embeddings, as files without one are: a trunk of
+    # small weights then often repeats its input token, which the heads predict (_nextn)
+    t.copy("output.weight", of="token_embd.weight")
+    for i in range(s.n_layer + mtp):
+        p = f"blk.{i}."
+        t.block_start(p, s, "ffn_norm")
+        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
+        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+        t.add(p + "attn_q_norm.weight", head, ones=True)
+        t.add(p + "attn_k_norm.weight", head, ones=True)
+        if i >= s.n_layer:
+            _nextn(t, p, s)
+
+
 def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
     inner, state, rank = 2 * s.n_embd, 16, 4  # llama.cpp supports an expansion factor of 2 only
     w.add_uint32("mamba.ssm.conv_kernel", 4)
@@ -406,8 +452,9 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
         raise SystemExit(f"unknown architecture {arch!r}; one of: {', '.join(ARCHS)}")
     if mtp and arch not in MTP_ARCHS:
         raise SystemExit(f"MTP blocks are written for {' and '.join(MTP_ARCHS)} only, not {arch}")
-    if mtp > 1:
-        raise SystemExit("llama.cpp runs a single MTP block for these (src/models/qwen35.cpp, glm4-moe.cpp)")
+    if mtp > 1 and arch not in CHAINED_MTP_ARCHS:
+        raise SystemExit(f"llama.cpp runs a single MTP block for {arch} (src/models/*.cpp); "
+                         f"several for {', '.join(CHAINED_MTP_ARCHS)} only")
     s = SHAPES[shape]
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
@@ -434,6 +481,8 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
         _qwen35(w, tensors, s, n_vocab, mtp)
     elif arch == "glm4moe":
         _glm4moe(w, tensors, s, n_vocab, mtp)
+    elif arch == "step35":
+        _step35(w, tensors, s, n_vocab, n_ctx, mtp)
     else:
         {"lfm2": _lfm2, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     tensors.write(w)
@@ -455,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stdev of a second draw added to every weight: with the target's seed, a draft "
                              "that agrees with it only partly")
     parser.add_argument("--mtp", type=int, default=0, metavar="N",
-                        help="multi-token-prediction blocks after the trunk (qwen35, glm4moe: 0 or 1)")
+                        help="multi-token-prediction blocks after the trunk (qwen35, glm4moe: 0 or 1; "
+                             "step35: any, chained by the `mtp` drafter)")
     args = parser.parse_args(argv)
     path = write(args.arch, args.out, args.tokenizer, shape=args.shape, seed=args.seed, stdev=args.stdev,
                  noise=args.noise, mtp=args.mtp)
