@@ -210,9 +210,9 @@ def test_sampling_reproduces_the_target_distribution():
     assert tv < 0.06, tv
 
 
-def _mtp_engine(toy: dict, noise: float) -> Engine:
+def _mtp_engine(toy: dict, noise: float, max_steps: int | None = None) -> Engine:
     target = ToyModel(**toy)
-    target.mtp = ToyHead(target, ToyModel(**toy, noise_seed=11, noise=noise))
+    target.mtp = ToyHead(target, ToyModel(**toy, noise_seed=11, noise=noise), max_steps=max_steps)
     engine = Engine(target, None, EngineOptions(drafter="mtp", learn_costs=False, history_drafts=False),
                     cost=CostModel(dict(COST)), draft_cost_s=0.0)
     engine.drafter("mtp").p_min = 0.0
@@ -238,6 +238,15 @@ def test_mtp_drafts_keep_greedy_answers_equal_to_plain_decoding():
     assert all(r.drafter in ("mtp", "none") for r in _greedy_rounds_as_plain(engine))
     head = engine.target.mtp
     assert head.steps > 0 and len(head.forgotten) > 0  # each draft's positions dropped again
+
+
+def test_chained_heads_draft_no_further_than_their_heads():
+    """Heads that llama.cpp chains (one per draft token) cap every draft, fixed lengths too; the toy head
+    asserts no step runs past them."""
+    engine = _mtp_engine(dict(seed=3), noise=1.5, max_steps=2)
+    assert engine.drafter("mtp").max_len == 2
+    rounds = _greedy_rounds_as_plain(engine)
+    assert max(r.drafted for r in rounds) == 2
 
 
 def _two_tokens_sampled(engine: Engine, trials: int = 10_000) -> tuple[int, int, float]:

@@ -261,7 +261,8 @@ class ToyHead:
 
     n_embd = 1
 
-    def __init__(self, target: ToyModel, model: ToyModel):
+    def __init__(self, target: ToyModel, model: ToyModel, max_steps: int | None = None):
+        self.max_steps = max_steps  # as chained heads are: a draft of at most this many tokens
         self.target = target
         self.model = model
         self.steps = 0
@@ -273,6 +274,8 @@ class ToyHead:
 
     def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         assert pos >= len(self.target.seqs[seq]), f"a head step at {pos} inside the target's cache"
+        if self.max_steps is not None:
+            assert pos - len(self.target.seqs[seq]) < self.max_steps, f"a draft step past the {self.max_steps} heads"
         self.steps += 1
         return self.model.logits_at([int(hidden[0]), token]), np.array([token], dtype=np.float32)
 

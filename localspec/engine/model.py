@@ -93,6 +93,11 @@ class PredictionHead(Protocol):
     @property
     def n_embd(self) -> int: ...
 
+    @property
+    def max_steps(self) -> int | None:
+        """The longest draft one chain of steps can write (chained heads: one head a token), None: any."""
+        ...
+
     def hidden_at(self, seq: int, pos: int) -> np.ndarray:
         """The trunk's hidden state at `pos` of sequence `seq` (zeros where it is not known)."""
         ...

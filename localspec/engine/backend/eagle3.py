@@ -40,6 +40,7 @@ class Eagle3Draft(BesideTarget):
     none of its own (llama.cpp's `ctx_other`)."""
 
     kind = "EAGLE-3"
+    max_steps = None  # its one decoder layer steps on as long as a draft goes
 
     def __init__(self, path: Path | str, target: Model):
         super().__init__(path, target)

@@ -205,9 +205,12 @@ class _Metadata:
         n = int(value) if value.isdigit() else 0
         if n <= 0:
             return ""
+        heads = f"{n} MTP head{'s' if n > 1 else ''}"
         if why := heads_unavailable():
-            return f"; {n} MTP head{'s' if n > 1 else ''}, unused: {why}"
-        return f"; {n} MTP head{'s' if n > 1 else ''} (the `mtp` drafter)"
+            return f"; {heads}, unused: {why}"
+        if n > 1:  # llama.cpp chains them, one head a token (backend/mtp.py)
+            return f"; {heads}, chained (the `mtp` drafter: drafts of up to {n} tokens)"
+        return f"; {heads} (the `mtp` drafter)"
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)

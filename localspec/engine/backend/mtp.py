@@ -8,6 +8,12 @@ The head at position p reads the token there and the trunk's last hidden state o
 every target decode is mirrored into it (`follow`, each token paired with the hidden state before it),
 every truncation too; drafting (`predict`) chains the head on its own hidden states from the pending
 token, and `forget` drops those draft positions again before the target verifies them.
+
+A file with several heads (Step-3.5's) chains them, as llama.cpp does for such files: head k drafts the
+k-th token (`llama_set_nextn_layer_offset`), so a draft is at most as long as the heads are many. Each
+head attends through its own layer of the cache: following the target writes the decoded positions once
+per head, and draft step k writes the whole draft so far again under head k, each row paired with the
+state the step before it computed.
 The calls it needs are llama.cpp's staging API (backend/staging.py).
 """
 
@@ -35,6 +41,8 @@ class MtpHead:
     def __init__(self, weights, target_ctx, *, n_layers: int, n_vocab: int, kv_unified: bool, threads: int,
                  attention_type: int, name: str):
         self.n_layers = n_layers
+        self.chained = n_layers > 1
+        self.max_steps = n_layers if self.chained else None  # one head per draft token
         self.n_embd = L.llama_model_n_embd(weights)
         self.n_vocab = n_vocab
         self._target = target_ctx
@@ -56,6 +64,9 @@ class MtpHead:
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_ext_init(self._ctx)
         self._last = LastRows(self.n_embd)  # the trunk's states of the target's last decode of each sequence
+        # chained heads: per sequence, the draft being written (its first position, and each step's
+        # token with the state before it), which every step decodes again under its own head
+        self._drafts: dict[int, tuple[int, list[tuple[int, np.ndarray]]]] = {}
 
     # ------------------------------------------------------------------ following the target
 
@@ -70,7 +81,15 @@ class MtpHead:
             before = self.hidden_at(seq, start - 1)
             for k, token in enumerate(tokens):
                 keep.append(add_token(batch, seq, token, start + k, before if k == 0 else hidden[k - 1], output=False))
-        if L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch) != 0:
+        failed = False
+        for head in range(self.n_layers) if self.chained else (0,):
+            if self.chained:  # each head's layer is written at the same cells, from the same state
+                for seq, _tokens, start, _hidden in rows:
+                    L.llama_memory_seq_rm(self._memory, seq, start, -1)
+            failed = self._process(batch, head)
+            if failed:
+                break
+        if failed:
             for seq, _tokens, start, _hidden in rows:  # drafts after these positions would read a gap
                 self.truncate(seq, start)
             raise LocalspecError("The MTP head could not follow the target's decode.")
@@ -84,37 +103,65 @@ class MtpHead:
     def truncate(self, seq: int, n_keep: int) -> None:
         L.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
         self._last.cut(seq, n_keep)
+        self._drafts.pop(seq, None)
 
     def copy_seq(self, src: int, dst: int) -> None:
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         self._last.copy(src, dst)
+        self._drafts.pop(dst, None)
 
     def clear(self) -> None:
         L.llama_memory_clear(self._memory, True)
         self._last.clear()
+        self._drafts.clear()
 
     # ------------------------------------------------------------------ drafting
 
     def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The head's logits for the token after `token` at `pos` (paired with `hidden`, the state before
-        it), and its own hidden state there, for the next step. Writes position `pos` of its cache."""
+        it), and its own hidden state there, for the next step. Writes position `pos` of its cache; with
+        chained heads, a step right after the last one continues its draft (and runs the next head), any
+        other starts one."""
+        start, steps = pos, [(token, hidden.copy())]
+        if self.chained:
+            start, earlier = self._drafts.get(seq, (pos, []))
+            if pos != start + len(earlier):
+                start, earlier = pos, []
+            steps = earlier + steps
+            if len(steps) > self.n_layers:
+                raise LocalspecError(f"The file has {self.n_layers} MTP heads; a draft cannot chain more.")
+            self._drafts[seq] = (start, steps)
+            L.llama_memory_seq_rm(self._memory, seq, start, -1)  # the draft so far, written again
         L.llama_batch_ext_clear(self._batch)
-        keep = add_token(self._batch, seq, token, pos, hidden, output=True)
-        rc = L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        keep = [add_token(self._batch, seq, t, start + k, h, output=k == len(steps) - 1)
+                for k, (t, h) in enumerate(steps)]
+        failed = self._process(self._batch, len(steps) - 1)
         del keep
-        if rc != 0:
-            raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, 0), shape=(self.n_vocab,)).copy()
-        state = rows(CALLS["get_embeddings_nextn_ith"](self._ctx, 0), 1, self.n_embd)[0]
+        if failed:
+            raise LocalspecError("The MTP head failed to draft (llama_process failed).")
+        last = len(steps) - 1  # the batch index of the one row with outputs
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, last), shape=(self.n_vocab,)).copy()
+        state = rows(CALLS["get_embeddings_nextn_ith"](self._ctx, last), 1, self.n_embd)[0]
         return logits, state
 
     def forget(self, seq: int, pos: int) -> None:
         """Drop the head's cache from `pos` on (its draft positions): the target's verify decode writes
         them again, paired with the target's own states."""
         L.llama_memory_seq_rm(self._memory, seq, pos, -1)
+        self._drafts.pop(seq, None)
 
     # ------------------------------------------------------------------ internals
+
+    def _process(self, batch, head: int) -> bool:
+        """Decode `batch` through head `head` (the first when the heads are not chained); True on failure."""
+        if self.chained:
+            CALLS["set_nextn_layer_offset"](self._ctx, head)
+        try:
+            return L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch) != 0
+        finally:
+            if self.chained:
+                CALLS["set_nextn_layer_offset"](self._ctx, 0)  # llama.cpp's default between drafts
 
     def _hidden(self, indices: Sequence[int]) -> np.ndarray:
         get = CALLS["get_embeddings_nextn_ith"]

@@ -21,6 +21,8 @@ _MANGLED = {
     "get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", [ctypes.c_void_p], FLOATS),
     "get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
                                  [ctypes.c_void_p, ctypes.c_int32], FLOATS),
+    "set_nextn_layer_offset": ("_Z28llama_set_nextn_layer_offsetP13llama_contexti",
+                               [ctypes.c_void_p, ctypes.c_int32], None),
     "set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
                                  [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None),
     "get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj",

@@ -32,9 +32,12 @@ class HeadDrafter(Drafter):
     measured_steps = 5     # head steps timed at load for its cost per draft token
 
     def __init__(self, head: PredictionHead, p_min: float = 0.5, per_token_s: float = 0.0, prior: float = 0.7,
-                 learn_costs: bool = True, name: str = "mtp"):
+                 learn_costs: bool = True, name: str = "mtp", max_steps: int | None = None):
         self.name = name  # "mtp" (the target's own head) or "eagle3" (an EAGLE-3 draft)
         self.head = head
+        self.max_steps = max_steps  # chained heads: no draft longer (llama.cpp caps its n_max so)
+        if max_steps is not None:
+            self.max_len = min(self.max_len, max_steps)
         self.p_min = p_min
         self.cost = DrafterCost(per_token_s=per_token_s)
         self.acceptance = Acceptance(prior_mean=prior, prior_strength=3.0)
@@ -48,19 +51,23 @@ class HeadDrafter(Drafter):
         per_token = sources.draft_cost_s
         if per_token is None:
             per_token = cls.measure(head, sources.target.n_seq - 1)
-        return cls(head, p_min=sources.p_min, per_token_s=per_token, learn_costs=sources.learn_costs, name=name)
+        return cls(head, p_min=sources.p_min, per_token_s=per_token, learn_costs=sources.learn_costs, name=name,
+                   max_steps=head.max_steps)
 
     @classmethod
     def measure(cls, head: PredictionHead, seq: int) -> float:
         """Seconds per draft token: the median of a few head steps, in a sequence no request holds yet
-        (its cache is emptied again after)."""
-        hidden = np.zeros(head.n_embd, dtype=np.float32)
+        (its cache is emptied again after). Chained heads are stepped a whole chain at a time, a few times
+        (a later head's step decodes the draft so far again, so it costs more)."""
+        steps = head.max_steps or cls.measured_steps + 1
         times = []
-        for pos in range(1, cls.measured_steps + 2):  # (an EAGLE-3 step at pos writes pos - 1)
-            t0 = time.perf_counter()
-            _logits, hidden = head.predict(seq, 0, pos, hidden)
-            times.append(time.perf_counter() - t0)
-        head.forget(seq, 0)
+        for _chain in range(1 if head.max_steps is None else 4):
+            hidden = np.zeros(head.n_embd, dtype=np.float32)
+            for pos in range(1, steps + 1):  # (an EAGLE-3 step at pos writes pos - 1)
+                t0 = time.perf_counter()
+                _logits, hidden = head.predict(seq, 0, pos, hidden)
+                times.append(time.perf_counter() - t0)
+            head.forget(seq, 0)
         return float(np.median(times[1:]))  # the first step sets up the head's graph
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "HeadTurn":
@@ -97,6 +104,8 @@ class HeadTurn(Turn):
 
     def offer(self, context: Sequence[int], room: int, plan: Plan) -> Offer | None:
         cap = min(plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len, room)
+        if self.drafter.max_steps is not None:  # a fixed length too: no head past the last
+            cap = min(cap, self.drafter.max_steps)
         if cap <= 0 or not self._following(context):
             return None
         if plan.fixed_len is not None:
