@@ -1,6 +1,6 @@
 """Record what llama.cpp's own drafting from hidden states proposes, round by round, for the tests to
-hold localspec's drafters to: `mtp` and `mtp-glm4moe`, random Qwen3.5 (hybrid) and GLM-4.5 (transformer) files with an MTP block
-(tests/test_mtp.py),
+hold localspec's drafters to: `mtp` and `mtp-glm4moe`, random Qwen3.5 (hybrid) and GLM-4.5 (transformer) files with an MTP block, and
+`mtp-step35`, a random Step-3.5 file with three heads, which llama.cpp chains (tests/test_mtp.py),
 `eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py), and `dflash`, a random
 DFlash draft for it (tests/test_dflash.py).
 
@@ -37,15 +37,20 @@ HERE = Path(__file__).parent
 # for the tests' SmolLM2 (the `--tokenizer` file), which is the target. dflash: small weights leave the
 # block's outputs near its mask token's embedding, so it drafts that token (SmolLM2's " yes"), which the
 # target sometimes continues the prompt with: drafts kept whole, in part and not at all, but all alike.
+# mtp-step35: its output layer tied to the embeddings, so the trunk repeats its input as Qwen3.5's does; the
+# three heads' drafts are kept whole, in part and not at all, and differ from what the first head alone
+# would chain in about half the rounds.
 # dflash-varied: larger weights, so the block depends on the cache (the target's states): drafts that
 # differ from round to round, none kept.
 FILES = {"mtp": {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1},
          "mtp-glm4moe": {"arch": "glm4moe", "shape": "tiny", "seed": 0, "stdev": 0.13, "mtp": 1},
+         "mtp-step35": {"arch": "step35", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 3},
          "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0},
          "dflash": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.02, "mtp": 0, "mask": 9805},
          "dflash-varied": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.08, "mtp": 0, "mask": 9805}}
 PROMPTS = {"mtp": "one two three four five six seven eight nine ten " * 3,
            "mtp-glm4moe": "one two three four five six seven eight nine ten " * 3,
+           "mtp-step35": "one two three four five six seven eight nine ten " * 3,
            "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the",
            "dflash": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes",
            "dflash-varied": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes"}

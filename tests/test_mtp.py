@@ -1,5 +1,6 @@
-"""The `mtp` drafter on the real llama.cpp: random files with an MTP block (scripts/random_gguf.py --mtp 1),
-a hybrid (Qwen3.5) and a transformer (GLM-4.5's mixture of experts), drafting from the target's own hidden
+"""The `mtp` drafter on the real llama.cpp: random files with MTP blocks (scripts/random_gguf.py --mtp N),
+a hybrid (Qwen3.5) and a transformer (GLM-4.5's mixture of experts) with one, and a transformer with three
+(Step-3.5's, which llama.cpp chains: head k drafts the k-th token), drafting from the target's own hidden
 states (engine/backend/mtp.py, engine/drafters/heads.py).
 
 The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/KIND_reference.json holds
@@ -25,7 +26,8 @@ from localspec.engine.events import Round, answer_tokens
 
 pytestmark = pytest.mark.model
 
-KINDS = {"mtp": "qwen35-tiny-mtp1-stdev0.06.gguf", "mtp-glm4moe": "glm4moe-tiny-mtp1-stdev0.13.gguf"}
+KINDS = {"mtp": "qwen35-tiny-mtp1-stdev0.06.gguf", "mtp-glm4moe": "glm4moe-tiny-mtp1-stdev0.13.gguf",
+         "mtp-step35": "step35-tiny-mtp3-stdev0.1.gguf"}
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
@@ -67,8 +69,8 @@ def test_the_file_is_the_one_the_reference_ran_on(mtp_gguf, reference):
     assert hashlib.sha256(mtp_gguf.read_bytes()).hexdigest() == reference["file"]["sha256"]
 
 
-def test_the_head_is_loaded_and_offered(engine):
-    assert engine.target.n_mtp_layers == 1 and engine.target.mtp is not None
+def test_the_head_is_loaded_and_offered(engine, reference):
+    assert engine.target.n_mtp_layers == reference["file"]["mtp"] and engine.target.mtp is not None
     assert "mtp" in engine.drafters
 
 
@@ -141,7 +143,7 @@ def drafts_before(events, end: int) -> list[list[int]]:
     return drafts
 
 
-def test_run_answers_with_the_mtp_drafter_and_check_names_the_head(mtp_gguf, smollm2_path):
+def test_run_answers_with_the_mtp_drafter_and_check_names_the_head(mtp_gguf, smollm2_path, kind):
     result = subprocess.run([sys.executable, "-m", "localspec.cli", "run", str(mtp_gguf), "Hello there",
                              "--max-tokens", "12", "--ctx", "1024", "--drafter", "mtp"],
                             capture_output=True, text=True, timeout=300)
@@ -149,7 +151,9 @@ def test_run_answers_with_the_mtp_drafter_and_check_names_the_head(mtp_gguf, smo
     assert "12 tokens" in result.stdout + result.stderr
     result = subprocess.run([sys.executable, "-m", "localspec.cli", "check", str(mtp_gguf), str(smollm2_path)],
                             capture_output=True, text=True, timeout=120)
-    assert "1 MTP head (the `mtp` drafter)" in result.stdout
+    heads = recorded(kind)["file"]["mtp"]
+    assert ("1 MTP head (the `mtp` drafter)" if heads == 1
+            else f"{heads} MTP heads, chained (the `mtp` drafter: drafts of up to {heads} tokens)") in result.stdout
 
 
 def test_mtp_on_a_file_without_heads_is_a_clear_error(smollm2_path):
