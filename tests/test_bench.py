@@ -291,5 +291,7 @@ def test_the_heads_estimate_is_the_best_length_at_published_acceptance():
     assert guess.step_share == pytest.approx(0.1)
     assert "1.71x plain decoding with 2-token drafts" in guess.describe()
     assert "not a measured speed" in guess.describe() and "0.8/0.6/0.3 of drafts kept through positions 1-3" in guess.describe()
+    # chained heads cap the length (one head a token): a file with one such head drafts one token
+    assert estimate(cost, 0.01, published, max_len=1).draft_len == 1
     slow = estimate(CostModel({1: 0.10, 2: 0.30, 3: 0.45, 4: 0.60}), 0.05, published)
     assert slow.draft_len == 0 and slow.speedup == pytest.approx(1.0) and "no gain" in slow.describe()

@@ -49,11 +49,12 @@ class Estimate:
 
 
 def estimate(cost: CostModel, step_s: float, published: Published = QWEN35_MTP,
-             plain_s: float | None = None) -> Estimate:
+             plain_s: float | None = None, max_len: int | None = None) -> Estimate:
     """`cost`: the target's verifies with the head following; `plain_s`: plain decoding's seconds per token
-    where it differs from one such verify (a load without the head: scripts/mtp_costs.py)."""
+    where it differs from one such verify (a load without the head: scripts/mtp_costs.py); `max_len`: the
+    longest draft the heads can write (chained heads: as many as they are)."""
     plain_s = plain_s or cost.verify(1)
-    k, rate = best_length(published.chained(), cost, step_s, margin=0.0)
+    k, rate = best_length(published.chained()[:max_len], cost, step_s, margin=0.0)
     return Estimate(rate * plain_s, k, step_s / plain_s, published)
 
 
@@ -62,4 +63,4 @@ def head_estimate(engine) -> Estimate | None:
     drafter = engine.drafter("mtp")
     if drafter is None:
         return None
-    return estimate(engine.cost, drafter.cost.per_token_s)
+    return estimate(engine.cost, drafter.cost.per_token_s, max_len=drafter.max_len)
