@@ -152,14 +152,19 @@ def record_draft(entry: str, recorded: str) -> None:
         json.dump(data, f)
 
 
-def replay(data: dict, trees: float | None = None) -> dict[str, list[float]]:
+def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
+           plan_on_truth: bool = False) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
-    round's chain grown into a tree within that much more than the chain's verify cost (replay_trees)."""
+    round's chain grown into a tree within that much more than the chain's verify cost (replay_trees).
+    `one_position`: rounds of one position cost that share of the recorded table's (the table's bias that
+    `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
+    one with `plan_on_truth`."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
+    truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
     copies = CopyDrafter(control.__contains__, OpeningDrafter())
-    drafting = Drafting(CostModel(dict(costs)), [copies], learn_costs=False)
-    price = CostModel(dict(costs))
+    drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False)
+    price = CostModel(dict(truth))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
         drafting.drafters = [copies]
@@ -298,6 +303,10 @@ def main() -> None:
     rep.add_argument("--trees", type=float, nargs="*", default=[], metavar="SLACK",
                      help="also replay candidate trees grown to the positions costing at most SLACK more "
                      "than each chain's (0.1: 10%%; scripts/replay_trees.py)")
+    rep.add_argument("--one-position", type=float, default=None, metavar="RATIO",
+                     help="also replay in a world where one position costs RATIO of the table's (live over table, "
+                     "as verify_costs.py --live prints it), the planner pricing by the table as recorded and "
+                     "by the corrected one")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")
     args = parser.parse_args()
@@ -317,9 +326,13 @@ def main() -> None:
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
     runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
+    if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
+        runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),
+                 (f"one x{args.one_position:g}, true", replay(data, one_position=args.one_position,
+                                                             plan_on_truth=True))]
     for label, speedups in runs:
         for suite, values in speedups.items():
-            print(f"{label:8} {suite:10} median {statistics.median(values):.2f}x  "
+            print(f"{label:8} {suite:10} median {statistics.median(values):.3f}x  "
                   f"(min {min(values):.2f}, max {max(values):.2f}, mean {statistics.mean(values):.2f}, "
                   f"{len(values)} answers)" + (": " + " ".join(f"{v:.2f}" for v in values) if args.each else ""))
     if args.gpu_table:

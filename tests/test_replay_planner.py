@@ -51,6 +51,19 @@ def test_the_age_bound_is_the_best_of_the_fixed_lengths_it_tries(replay_planner)
     assert speedups[0] > 40 / (1.0 + 10 * 2.0)
 
 
+def test_a_world_with_another_one_position_price_replays_both_planners(replay_planner):
+    """`--one-position`: the rounds are priced in the corrected world; a planner pricing by the recorded
+    table drafts as before, one given the corrected table sees what drafting costs there."""
+    data = recording(list(range(10, 50)))  # the prompt's text copied whole
+    recorded = replay_planner.replay(data)["edit"][0]
+    assert recorded > 2.0
+    # where one position costs a tenth of the table's, every draft loses: planned on the table the copy
+    # is still drafted (and costs), planned on the truth nothing is, plain decoding's 1.0
+    assert replay_planner.replay(data, one_position=0.1)["edit"][0] < 0.5
+    assert replay_planner.replay(data, one_position=0.1, plan_on_truth=True)["edit"] == [pytest.approx(1.0)]
+    assert replay_planner.replay(data, one_position=1.0, plan_on_truth=True)["edit"] == [pytest.approx(recorded)]
+
+
 def test_a_session_recording_replays_drafts_from_its_earlier_request(replay_planner):
     """A new conversation retelling an earlier answer: only the history drafter can copy it, and the replay
     holds the session's earlier request as the bench's pass does."""
