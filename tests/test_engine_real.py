@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.loader import load
 from localspec.engine.backend import Model, ModelOptions
@@ -12,6 +13,10 @@ from localspec.engine.events import Prefill, Round, Summary, answer_tokens
 from localspec.errors import ContextOverflowError, IncompatiblePairError
 
 pytestmark = pytest.mark.model
+
+# A 2-core AVX-512 CPU's verify costs by batch size, over one position's (docs/performance.md's table)
+CPU_COSTS = {n: 0.03 * r for n, r in {1: 1.0, 2: 1.79, 3: 2.41, 4: 3.04, 6: 4.39, 8: 7.08, 12: 8.3, 16: 8.3,
+                                      24: 12.05, 32: 13.55, 48: 18.69, 64: 22.92}.items()}
 
 EDIT_PROMPT = (
     "Rename the variable `total` to `acc` in this function and change nothing else:\n\n"
@@ -77,8 +82,11 @@ def test_greedy_tokens_are_the_targets_argmax(smollm2_path, target, weak_draft, 
 
 def test_a_regenerated_greedy_answer_is_replayed_whole_by_llama_cpp(target):
     """The first answer is decoded one token at a time, the regeneration verified in batches (other
-    kernels, scripts/batch_noise.py): the replay of the recorded answer keeps it token for token."""
-    engine = Engine(target, None, EngineOptions(drafter="auto"))
+    kernels, scripts/batch_noise.py): the replay of the recorded answer keeps it token for token. Priced
+    by a CPU's verify costs, given (calibrated here, they follow whatever else the machine is doing, and
+    so would the draft lengths)."""
+    target.clear()  # (an engine calibrating would have emptied the cache the module's other engines left)
+    engine = Engine(target, None, EngineOptions(drafter="auto", learn_costs=False), cost=CostModel(CPU_COSTS))
     engine.reset()
     prompt = engine.chat_tokens([{"role": "user", "content": "Describe a lighthouse at night in four sentences."}])
     first = answer_tokens(engine.generate(prompt, max_tokens=64, drafter="none"))
