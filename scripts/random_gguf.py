@@ -79,7 +79,7 @@ SHAPES = {
     "lfm2.5-1.2b": Shape(n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
                          attention=(2, 5, 8, 10, 12, 14), f16=True),
 }
-ARCHS = ("lfm2", "qwen35", "glm4moe", "step35", "mamba", "bert", "eagle3", "dflash")
+ARCHS = ("lfm2", "qwen35", "glm4moe", "step35", "gemma4", "mamba", "bert", "eagle3", "dflash", "gemma4-assistant")
 MTP_ARCHS = ("qwen35", "glm4moe", "step35")
 CHAINED_MTP_ARCHS = ("step35",)  # llama.cpp runs one MTP block for the others (src/models/<arch>.cpp)
 
@@ -96,12 +96,21 @@ class _Tensors:
         self.f16 = f16
         self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool, bool]] = []
         self.copies: dict[str, str] = {}  # a tensor written as another's values: its name -> the other's
+        self.values: dict[str, np.ndarray] = {}  # tensors given whole (`given`)
 
-    def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False, eye: bool = False) -> None:
-        """`eye`: plus the identity on the first ne1 columns (a projection that passes its first input on)."""
-        matrix = len(ne) == 2 and not ones and "conv" not in name  # what llama.cpp multiplies by
+    def add(self, name: str, *ne: int, negative: bool = False, ones: bool = False, eye: bool = False,
+            fill: float = 0.0) -> None:
+        """`eye`: plus the identity on the first ne1 columns (a projection that passes its first input on);
+        `ones`, `fill`: every value 1, or `fill` (a norm's scale)."""
+        fill = 1.0 if ones else fill
+        matrix = len(ne) == 2 and not fill and "conv" not in name  # what llama.cpp multiplies by
         dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
-        self.listed.append((name, tuple(reversed(ne)), dtype, negative, ones, eye))
+        self.listed.append((name, tuple(reversed(ne)), dtype, negative, fill, eye))
+
+    def given(self, name: str, values: np.ndarray) -> None:
+        """A tensor with these values (numpy's shape), drawn from no random stream."""
+        self.listed.append((name, values.shape, np.dtype(np.float32), False, 0.0, False))
+        self.values[name] = values
 
     def copy(self, name: str, of: str) -> None:
         """A tensor with the values of `of` (listed before it): an output layer tied to the embeddings."""
@@ -124,15 +133,20 @@ class _Tensors:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         kept = {}  # the values of tensors that others copy
-        for name, shape, dtype, negative, ones, eye in self.listed:
-            data = kept[self.copies[name]] if name in self.copies else self._draw(shape, negative, ones, eye)
+        for name, shape, dtype, negative, fill, eye in self.listed:
+            if name in self.values:
+                data = self.values[name]
+            elif name in self.copies:
+                data = kept[self.copies[name]]
+            else:
+                data = self._draw(shape, negative, fill, eye)
             if name in self.copies.values():
                 kept[name] = data
             writer.write_tensor_data(data.astype(dtype))
 
-    def _draw(self, shape: tuple[int, ...], negative: bool, ones: bool, eye: bool = False) -> np.ndarray:
-        if ones:  # norms: random scales would only make the gibberish louder
-            return np.ones(shape, dtype=np.float32)
+    def _draw(self, shape: tuple[int, ...], negative: bool, fill: float, eye: bool = False) -> np.ndarray:
+        if fill:  # norms: random scales would only make the gibberish louder
+            return np.full(shape, fill, dtype=np.float32)
         data = self.rng.normal(0.0, self.stdev, size=shape).astype(np.float32)
         if self.noise:
             data += self.noise_rng.normal(0.0, self.noise, size=shape).astype(np.float32)
@@ -326,6 +340,94 @@ def _step35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int,
             _nextn(t, p, s)
 
 
+# Gemma 4's norms after attention and FFN, before the residual: the target's leave it answering varied
+# text that settles into repeating a token; the assistant's leave its input token foremost, so its drafts
+# are often kept where the target repeats, yet depend on the states it is fed
+POST_NORM = 0.7
+ASSISTANT_POST_NORM = 0.5
+
+
+def _gemma4(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -> None:
+    """Gemma 4's transformer without per-layer embeddings: sliding-window attention in every layer but the
+    last (a Gemma 4 assistant reads the last sliding and the last full layers' caches), each attention and
+    FFN output normed again before the residual, GELU FFNs, the output tied to the embeddings."""
+    head = s.head
+    w.add_uint32("gemma4.attention.head_count", s.n_head)
+    w.add_uint32("gemma4.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32("gemma4.attention.key_length", head)
+    w.add_uint32("gemma4.attention.value_length", head)
+    w.add_uint32("gemma4.attention.key_length_swa", head)
+    w.add_uint32("gemma4.attention.value_length_swa", head)
+    w.add_uint32("gemma4.attention.sliding_window", n_ctx)  # as long as the context: rollbacks meet no pruned cell
+    w.add_array("gemma4.attention.sliding_window_pattern", [i != s.n_layer - 1 for i in range(s.n_layer)])
+    w.add_uint32("gemma4.embedding_length_per_layer_input", 0)
+    t.add("token_embd.weight", s.n_embd, n_vocab)
+    t.add("output_norm.weight", s.n_embd, ones=True)
+    t.add("rope_freqs.weight", head // 2, ones=True)
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        t.block_start(p, s, "ffn_norm")
+        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
+        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+        t.add(p + "attn_q_norm.weight", head, ones=True)
+        t.add(p + "attn_k_norm.weight", head, ones=True)
+        # outputs normed again, to a scale well below the embeddings' (times sqrt(width) here), so that
+        # as in the other files the trunk often repeats its input token
+        t.add(p + "post_attention_norm.weight", s.n_embd, fill=POST_NORM)
+        t.add(p + "post_ffw_norm.weight", s.n_embd, fill=POST_NORM)
+
+
+def _gemma4_assistant(w: gguf.GGUFWriter, t: _Tensors, target: Path, n_ctx: int, blocks: int = 2) -> None:
+    """A Gemma 4 assistant (llama.cpp's `gemma4-assistant`, src/models/gemma4-assistant.cpp) for the Gemma 4
+    file given: layers with queries only, attending through the target's cache (its last sliding and last
+    full layers' keys and values), fed [the token's target embedding; the target's state] and returning a
+    state of the target's width for the next step. Narrower than its target (three quarters), its token
+    embeddings (its output layer) the target's first columns, and its input projection passing those on:
+    the assistant predicts what a target of small weights does, the token it was given, again."""
+    reader = gguf.GGUFReader(target)
+    arch = reader.fields["general.architecture"].contents()
+    n_target = int(reader.fields[f"{arch}.embedding_length"].contents())
+    n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
+    n_head_kv = int(reader.fields[f"{arch}.attention.head_count_kv"].contents())
+    head = int(reader.fields[f"{arch}.attention.key_length"].contents())
+    n_ff = int(reader.fields[f"{arch}.feed_forward_length"].contents())
+    n_embd = n_target * 3 // 4
+    embeddings = next(np.array(x.data) for x in reader.tensors if x.name == "token_embd.weight")
+    w.add_embedding_length(n_embd)
+    w.add_uint32("gemma4-assistant.embedding_length_out", n_target)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(blocks)
+    w.add_uint32("gemma4-assistant.nextn_predict_layers", blocks)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_uint32("gemma4-assistant.attention.key_length", head)
+    w.add_uint32("gemma4-assistant.attention.value_length", head)
+    w.add_uint32("gemma4-assistant.attention.key_length_swa", head)
+    w.add_uint32("gemma4-assistant.attention.value_length_swa", head)
+    w.add_uint32("gemma4-assistant.attention.sliding_window", n_ctx)
+    w.add_array("gemma4-assistant.attention.sliding_window_pattern", [i != blocks - 1 for i in range(blocks)])
+    t.given("token_embd.weight", np.ascontiguousarray(embeddings[:, :n_embd].astype(np.float32)))
+    t.add("output_norm.weight", n_embd, ones=True)
+    t.add("nextn.post_projection.weight", n_embd, n_target)
+    t.add("rope_freqs.weight", head // 2, ones=True)
+    t.add("nextn.pre_projection.weight", 2 * n_target, n_embd, eye=True)
+    for i in range(blocks):
+        p = f"blk.{i}."
+        t.add(p + "attn_norm.weight", n_embd, ones=True)
+        t.add(p + "attn_q.weight", n_embd, head * n_head)
+        t.add(p + "attn_output.weight", head * n_head, n_embd)
+        t.add(p + "attn_q_norm.weight", head, ones=True)
+        t.add(p + "post_attention_norm.weight", n_embd, fill=ASSISTANT_POST_NORM)
+        t.add(p + "layer_output_scale.weight", 1, ones=True)
+        t.add(p + "ffn_norm.weight", n_embd, ones=True)
+        t.add(p + "ffn_gate.weight", n_embd, n_ff)
+        t.add(p + "ffn_up.weight", n_embd, n_ff)
+        t.add(p + "ffn_down.weight", n_ff, n_embd)
+        t.add(p + "post_ffw_norm.weight", n_embd, fill=ASSISTANT_POST_NORM)
+
+
 def _mamba(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int) -> None:
     inner, state, rank = 2 * s.n_embd, 16, 4  # llama.cpp supports an expansion factor of 2 only
     w.add_uint32("mamba.ssm.conv_kernel", 4)
@@ -461,7 +563,7 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
     w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"random-{arch}-{shape}")
     w.add_context_length(n_ctx)
-    if arch not in ("eagle3", "dflash"):  # (their dimensions are their target's)
+    if arch not in ("eagle3", "dflash", "gemma4-assistant"):  # (their dimensions are their target's)
         w.add_embedding_length(s.n_embd)
         w.add_feed_forward_length(s.n_ff)
         w.add_block_count(s.n_layer + mtp)
@@ -483,6 +585,10 @@ def write(arch: str, out: Path, tokenizer: Path, *, shape: str = "tiny", seed: i
         _glm4moe(w, tensors, s, n_vocab, mtp)
     elif arch == "step35":
         _step35(w, tensors, s, n_vocab, n_ctx, mtp)
+    elif arch == "gemma4":
+        _gemma4(w, tensors, s, n_vocab, n_ctx)
+    elif arch == "gemma4-assistant":
+        _gemma4_assistant(w, tensors, tokenizer, n_ctx)
     else:
         {"lfm2": _lfm2, "mamba": _mamba}[arch](w, tensors, s, n_vocab)
     tensors.write(w)
