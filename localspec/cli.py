@@ -107,7 +107,8 @@ def check(target: str, draft: str) -> None:
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
         decoding = tv.decoding(), dv.decoding()
-        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash"}.get(dv.meta("general.architecture") or "")
+        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant"}.get(
+            dv.meta("general.architecture") or "")
         if kind:  # it reads the target's hidden states: their width
             report = report.with_rule(f"{kind} draft's target width", *hidden_state_width(tv, dv))
     click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
@@ -178,7 +179,7 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--draft", "draft_id", default=None, metavar="ID|PATH",
               help="A draft for the target: a catalog model id or a GGUF path (a second model, checked with "
-                   "the pairing rules, or an EAGLE-3 draft); overrides a pair's.")
+                   "the pairing rules, an EAGLE-3 or DFlash draft, or a Gemma 4 assistant); overrides a pair's.")
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")

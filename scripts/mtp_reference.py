@@ -1,6 +1,7 @@
 """Record what llama.cpp's own drafting from hidden states proposes, round by round, for the tests to
 hold localspec's drafters to: `mtp` and `mtp-glm4moe`, random Qwen3.5 (hybrid) and GLM-4.5 (transformer) files with an MTP block, and
 `mtp-step35`, a random Step-3.5 file with three heads, which llama.cpp chains (tests/test_mtp.py),
+`mtp-gemma4`, a random Gemma 4 target with a random Gemma 4 assistant (tests/test_assistant.py),
 `eagle3`, a random EAGLE-3 draft for the tests' SmolLM2 (tests/test_eagle3.py), and `dflash`, a random
 DFlash draft for it (tests/test_dflash.py).
 
@@ -45,12 +46,15 @@ HERE = Path(__file__).parent
 FILES = {"mtp": {"arch": "qwen35", "shape": "tiny", "seed": 0, "stdev": 0.06, "mtp": 1},
          "mtp-glm4moe": {"arch": "glm4moe", "shape": "tiny", "seed": 0, "stdev": 0.13, "mtp": 1},
          "mtp-step35": {"arch": "step35", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 3},
+         "mtp-gemma4": {"arch": "gemma4-assistant", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0,
+                        "target": {"arch": "gemma4", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0}},
          "eagle3": {"arch": "eagle3", "shape": "tiny", "seed": 0, "stdev": 0.1, "mtp": 0},
          "dflash": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.02, "mtp": 0, "mask": 9805},
          "dflash-varied": {"arch": "dflash", "shape": "tiny", "seed": 0, "stdev": 0.08, "mtp": 0, "mask": 9805}}
 PROMPTS = {"mtp": "one two three four five six seven eight nine ten " * 3,
            "mtp-glm4moe": "one two three four five six seven eight nine ten " * 3,
            "mtp-step35": "one two three four five six seven eight nine ten " * 3,
+           "mtp-gemma4": "one two three four five six seven eight nine ten " * 3,
            "eagle3": "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the",
            "dflash": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes",
            "dflash-varied": "yes no yes yes no yes yes yes no yes yes yes yes no yes yes yes yes yes"}
@@ -60,14 +64,27 @@ _CANDIDATE = re.compile(r"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \(\s*([0
 _ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
-def write_file(out: Path, tokenizer: Path, kind: str = "mtp") -> Path:
+def write_file(out: Path, tokenizer: Path, kind: str = "mtp", settings: dict | None = None) -> Path:
+    """The kind's random file. A kind with a `target` of its own (mtp-gemma4) is a draft for that
+    target: write the target first (`target_path`) and give it as `tokenizer`."""
     spec = importlib.util.spec_from_file_location("random_gguf", HERE / "random_gguf.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    f = FILES[kind]
+    f = settings or FILES[kind]
     return module.write(f["arch"], out, tokenizer, shape=f["shape"], seed=f["seed"], stdev=f["stdev"], mtp=f["mtp"],
                         mask_token=f.get("mask", 0))
+
+
+def target_path(draft: Path) -> Path:
+    """Where the target of a kind with a random target of its own is written, beside its draft."""
+    return draft.with_name(draft.stem + "-target.gguf")
+
+
+def write_pair(out: Path, tokenizer: Path, kind: str) -> tuple[Path, Path]:
+    """A kind with a random target of its own: (target, draft), the target carrying `tokenizer`'s."""
+    target = write_file(target_path(out), tokenizer, kind, FILES[kind]["target"])
+    return target, write_file(out, target, kind)
 
 
 def cpu_kernels() -> str:
@@ -92,8 +109,7 @@ def run_reference(binary: Path, model: Path, n_predict: int = N_PREDICT, kind: s
     """llama.cpp's drafts (one list per draft call), how many of each the target verified and kept.
     `kind` eagle3 or dflash: `model` is the target and `draft` the draft's file."""
     spec_type = "draft-" + kind.split("-")[0]
-    drafting = (["--spec-type", spec_type, "-md", str(draft)] if spec_type in ("draft-eagle3", "draft-dflash")
-                else ["--spec-type", "draft-mtp"])
+    drafting = ["--spec-type", spec_type] + (["-md", str(draft)] if draft is not None else [])
     command = [str(binary), "-m", str(model), *drafting, "--spec-draft-n-max", str(N_MAX),
                "-p", PROMPTS[kind], "-n", str(n_predict), "--temp", "0", "-t", "2", "-c", "1024", "-lv", "5"]
     result = subprocess.run(command, capture_output=True, timeout=600)
@@ -130,12 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or HERE.parent / "tests" / "data" / f"{args.kind}_reference.json"
     with tempfile.TemporaryDirectory() as tmp:
-        written = write_file(Path(tmp) / f"{args.kind}.gguf", args.tokenizer, args.kind)
-        if FILES[args.kind]["arch"] in ("eagle3", "dflash"):
+        out_file = Path(tmp) / f"{args.kind}.gguf"
+        if "target" in FILES[args.kind]:
+            target, written = write_pair(out_file, args.tokenizer, args.kind)
+            file = {**FILES[args.kind], "sha256": sha256(written),
+                    "target": {**FILES[args.kind]["target"], "sha256": sha256(target)}}
+        else:
+            written = write_file(out_file, args.tokenizer, args.kind)
+            file = {**FILES[args.kind], "sha256": sha256(written)}
+        if "target" in FILES[args.kind]:
+            reference = run_reference(args.llama_bin, target, kind=args.kind, draft=written)
+        elif FILES[args.kind]["arch"] in ("eagle3", "dflash"):
             reference = run_reference(args.llama_bin, args.tokenizer, kind=args.kind, draft=written)
         else:
             reference = run_reference(args.llama_bin, written, kind=args.kind)
-        record = {"file": {**FILES[args.kind], "sha256": sha256(written)}, "cpu": cpu_kernels(),
+        record = {"file": file, "cpu": cpu_kernels(),
                   "prompt": PROMPTS[args.kind], "n_max": N_MAX, "n_predict": N_PREDICT, **reference}
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]  # a draft per line

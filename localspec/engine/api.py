@@ -42,7 +42,7 @@ class Engine:
                  *, cost: CostModel | None = None, draft_cost_s: float | None = None,
                  template: ChatTemplate | None = None, self_draft: LanguageModel | None = None,
                  history_file: Path | None = None, eagle3: PredictionHead | None = None,
-                 dflash: BlockHead | None = None):
+                 dflash: BlockHead | None = None, assistant: PredictionHead | None = None):
         self.target = target
         self.draft = draft
         self.self_draft = self_draft
@@ -55,7 +55,8 @@ class Engine:
         self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
         self._drafters: list[Drafter] = build(Sources(
-            target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, dflash=dflash, p_min=opts.draft_p_min,
+            target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, dflash=dflash, assistant=assistant,
+            p_min=opts.draft_p_min,
             calibrate=opts.calibrate,
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
             history_file=history_file, tree_leaves=opts.tree_leaves))

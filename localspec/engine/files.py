@@ -40,13 +40,16 @@ def load_files(
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
     llama.cpp decide (settings.yaml's flash_attention)."""
     from localspec.engine.backend import Model, ModelOptions
+    from localspec.engine.backend.assistant import Gemma4Assistant, is_gemma4_assistant
     from localspec.engine.backend.dflash import DFlashDraft, is_dflash
     from localspec.engine.backend.eagle3 import Eagle3Draft, is_eagle3
     from localspec.engine.drafters.model import MAX_TREE_LEAVES
 
     if history not in ("saved", "memory", "off"):
         raise ValueError(f"history must be saved, memory or off (got {history!r})")
-    if drafter in ("none", "ngram", "self", "history", "mtp"):
+    # A Gemma 4 assistant drafts as the target's MTP head would (the `mtp` drafter, llama.cpp's draft-mtp).
+    assistant_draft = draft_path is not None and is_gemma4_assistant(Path(draft_path))
+    if drafter in ("none", "ngram", "self", "history") or (drafter == "mtp" and not assistant_draft):
         draft_path = None  # do not spend memory on a draft that will not be used
     target_path = Path(target_path)
     if draft_path is not None:
@@ -56,11 +59,12 @@ def load_files(
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
     # What kind of draft it is, read once from its header: a second model, or one beside the target.
-    eagle3_draft = draft_path is not None and is_eagle3(Path(draft_path))
-    dflash_draft = draft_path is not None and not eagle3_draft and is_dflash(Path(draft_path))
+    assistant_draft = assistant_draft and draft_path is not None
+    eagle3_draft = draft_path is not None and not assistant_draft and is_eagle3(Path(draft_path))
+    dflash_draft = draft_path is not None and not assistant_draft and not eagle3_draft and is_dflash(Path(draft_path))
     # A draft model's candidate trees take spare sequences of a one-slot target (engine/tree.py).
     drafts_trees = tree_leaves != 0 and (self_draft_path is not None or (
-        draft_path is not None and not eagle3_draft and not dflash_draft))
+        draft_path is not None and not assistant_draft and not eagle3_draft and not dflash_draft))
     # Plain decoding keeps no snapshots of a recurrent state: they only serve dropping drafts, and on a GPU
     # they cost time (docs/gpu.md, "Hybrid targets and MTP heads"); a follow-up resumes at a checkpoint.
     loaded = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_seq=slots,
@@ -68,12 +72,15 @@ def load_files(
                           flash_attn=flash_attn, mtp=drafter in ("auto", "mtp"),
                           tree_seqs=MAX_TREE_LEAVES if drafts_trees else 0)
     target = Model(target_path, loaded.with_(rollback=0) if drafter == "none" else loaded)
-    draft_model = self_model = eagle3 = dflash = None
+    draft_model = self_model = eagle3 = dflash = assistant = None
     try:
         # The draft model has a sequence per slot, each of a slot's context (drafters/model.py).
         local = ModelOptions(n_ctx=target.n_ctx * target.n_seq, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
                              n_seq=target.n_seq, flash_attn=flash_attn)
-        if draft_path is not None and eagle3_draft:
+        if draft_path is not None and assistant_draft:
+            assistant = Gemma4Assistant(Path(draft_path), target)  # drafts as the target's head would
+            draft_path = None
+        elif draft_path is not None and eagle3_draft:
             # drafts from the target's hidden states, beside it (the target closes it)
             eagle3 = Eagle3Draft(Path(draft_path), target)
             draft_path = None
@@ -85,6 +92,7 @@ def load_files(
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse, tree_leaves=tree_leaves)
         return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3, dflash=dflash,
+                      assistant=assistant,
                       history_file=paths.history_index_file(target_path) if history == "saved" else None)
     except BaseException:
         for model in (target, draft_model, self_model):

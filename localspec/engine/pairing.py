@@ -69,10 +69,12 @@ def check_pair(target, draft) -> PairReport:
 
 
 def hidden_state_width(target, draft) -> tuple[bool, str]:
-    """An EAGLE-3 or DFlash draft reads the target's hidden states: whether their widths match, and what
-    they are (an EAGLE-3 file names its target's; a DFlash one has the target's width itself)."""
+    """An EAGLE-3, DFlash or Gemma 4 assistant draft reads the target's hidden states: whether their widths
+    match, and what they are (EAGLE-3 and assistant files name their target's; a DFlash one has the
+    target's width itself)."""
     arch = target.meta("general.architecture")
-    wanted = draft.meta("eagle3.target_hidden_size") or draft.meta("dflash.embedding_length")
+    wanted = (draft.meta("eagle3.target_hidden_size") or draft.meta("dflash.embedding_length")
+              or draft.meta("gemma4-assistant.embedding_length_out"))
     width = target.meta(f"{arch}.embedding_length")
     return width == wanted, f"target {width}, draft made for {wanted}"
 

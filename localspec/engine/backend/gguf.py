@@ -191,6 +191,9 @@ class _Metadata:
         if architecture == "dflash":
             return (f"dflash, a DFlash draft for a target of hidden size {self.meta('dflash.embedding_length')}, "
                     f"blocks of {self.meta('dflash.block_size') or 16} (the `dflash` drafter)")
+        if architecture == "gemma4-assistant":
+            return (f"gemma4-assistant, a Gemma 4 assistant for a Gemma 4 target of hidden size "
+                    f"{self.meta('gemma4-assistant.embedding_length_out')}, reading its cache (the `mtp` drafter)")
         if not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model)):
             return f"{architecture}, a KV cache: drafts of any length{self._heads()}"
         if architecture in ROLLBACK_ARCHITECTURES:

@@ -24,7 +24,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.staging import CALLS, LastRows, add_token, rows
+from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
 from localspec.errors import LocalspecError
 
 
@@ -73,7 +73,8 @@ class MtpHead:
     def follow(self, parts: Sequence[tuple[int, Sequence[int], int, Sequence[int]]]) -> None:
         """The target just decoded these parts, (seq, tokens, start, batch indices of the tokens): read
         their hidden states and run the head over the same tokens, each paired with the state before it."""
-        rows = [(seq, tokens, start, self._hidden(indices)) for seq, tokens, start, indices in parts]
+        rows = [(seq, tokens, start, hidden_states(self._target, indices, self.n_embd))
+                for seq, tokens, start, indices in parts]
         keep = []  # the rows' memory must outlive the process call
         batch = self._batch
         L.llama_batch_ext_clear(batch)
@@ -162,13 +163,6 @@ class MtpHead:
         finally:
             if self.chained:
                 CALLS["set_nextn_layer_offset"](self._ctx, 0)  # llama.cpp's default between drafts
-
-    def _hidden(self, indices: Sequence[int]) -> np.ndarray:
-        get = CALLS["get_embeddings_nextn_ith"]
-        out = np.empty((len(indices), self.n_embd), dtype=np.float32)
-        for row, i in enumerate(indices):
-            out[row] = rows(get(self._target, i), 1, self.n_embd)[0]
-        return out
 
     def close(self) -> None:
         if getattr(self, "_batch", None):

@@ -115,6 +115,15 @@ def rows(pointer, n: int, width: int) -> np.ndarray:
     return np.ctypeslib.as_array(pointer, shape=(n, width)).copy()
 
 
+def hidden_states(ctx, indices: Sequence[int], width: int) -> np.ndarray:
+    """The trunk's hidden states (`h_nextn`) a target context kept for these rows of its last decode."""
+    get = CALLS["get_embeddings_nextn_ith"]
+    out = np.empty((len(indices), width), dtype=np.float32)
+    for row, i in enumerate(indices):
+        out[row] = rows(get(ctx, i), 1, width)[0]
+    return out
+
+
 def add_token(batch, seq: int, token: int, pos: int, state: np.ndarray, output: bool) -> np.ndarray:
     """A token at `pos` of `seq`, with a state row beside its embedding; returns the row, which must
     outlive the `llama_process` call that reads it."""

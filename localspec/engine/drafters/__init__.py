@@ -25,7 +25,8 @@ REGISTRY: tuple[Registration, ...] = (
                  lambda s: ModelDrafter.build(s, "self"),
                  needs="needs a self-draft; build one with `localspec draft make TARGET`"),
     Registration("mtp", "the target's own multi-token-prediction head", "MTP head", HeadDrafter.build,
-                 needs="needs a target whose file carries MTP heads (as Qwen3.5's do); this one has none"),
+                 needs="needs a target whose file carries MTP heads (as Qwen3.5's do), or a Gemma 4 assistant "
+                       "as the draft; this one has neither"),
     Registration("eagle3", "an EAGLE-3 draft, trained on the target's hidden states", "EAGLE-3",
                  lambda s: HeadDrafter.build(s, "eagle3"),
                  needs="needs an EAGLE-3 draft (a pair whose draft file is one); this engine has none"),

@@ -133,6 +133,7 @@ class Sources:
     draft: LanguageModel | None = None
     self_draft: LanguageModel | None = None
     eagle3: PredictionHead | None = None  # an EAGLE-3 draft following the target (backend/eagle3.py)
+    assistant: PredictionHead | None = None  # a Gemma 4 assistant, drafting as the target's head (backend/assistant.py)
     dflash: BlockHead | None = None       # a DFlash draft following the target (backend/dflash.py)
     p_min: float = 0.5
     calibrate: bool = True

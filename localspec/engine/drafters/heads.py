@@ -45,7 +45,7 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def build(cls, sources: Sources, name: str = "mtp") -> "HeadDrafter | None":
-        head = sources.target.mtp if name == "mtp" else sources.eagle3
+        head = (sources.assistant or sources.target.mtp) if name == "mtp" else sources.eagle3
         if head is None:
             return None
         per_token = sources.draft_cost_s
