@@ -14,6 +14,7 @@ k-th token (`llama_set_nextn_layer_offset`), so a draft is at most as long as th
 head attends through its own layer of the cache: following the target writes the decoded positions once
 per head, and draft step k writes the whole draft so far again under head k, each row paired with the
 state the step before it computed.
+
 The calls it needs are llama.cpp's staging API (backend/staging.py).
 """
 
@@ -82,15 +83,15 @@ class MtpHead:
             before = self.hidden_at(seq, start - 1)
             for k, token in enumerate(tokens):
                 keep.append(add_token(batch, seq, token, start + k, before if k == 0 else hidden[k - 1], output=False))
-        failed = False
+        rc = 0
         for head in range(self.n_layers) if self.chained else (0,):
             if self.chained:  # each head's layer is written at the same cells, from the same state
                 for seq, _tokens, start, _hidden in rows:
                     L.llama_memory_seq_rm(self._memory, seq, start, -1)
-            failed = self._process(batch, head)
-            if failed:
+            rc = self._run(batch, head)
+            if rc != 0:
                 break
-        if failed:
+        if rc != 0:
             for seq, _tokens, start, _hidden in rows:  # drafts after these positions would read a gap
                 self.truncate(seq, start)
             raise LocalspecError("The MTP head could not follow the target's decode.")
@@ -137,10 +138,10 @@ class MtpHead:
         L.llama_batch_ext_clear(self._batch)
         keep = [add_token(self._batch, seq, t, start + k, h, output=k == len(steps) - 1)
                 for k, (t, h) in enumerate(steps)]
-        failed = self._process(self._batch, len(steps) - 1)
+        rc = self._run(self._batch, len(steps) - 1)
         del keep
-        if failed:
-            raise LocalspecError("The MTP head failed to draft (llama_process failed).")
+        if rc != 0:
+            raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
         last = len(steps) - 1  # the batch index of the one row with outputs
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, last), shape=(self.n_vocab,)).copy()
         state = rows(CALLS["get_embeddings_nextn_ith"](self._ctx, last), 1, self.n_embd)[0]
@@ -154,12 +155,13 @@ class MtpHead:
 
     # ------------------------------------------------------------------ internals
 
-    def _process(self, batch, head: int) -> bool:
-        """Decode `batch` through head `head` (the first when the heads are not chained); True on failure."""
+    def _run(self, batch, head: int) -> int:
+        """Decode `batch` through head `head` (the only one when the heads are not chained): llama_process's
+        return code."""
         if self.chained:
             CALLS["set_nextn_layer_offset"](self._ctx, head)
         try:
-            return L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch) != 0
+            return L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch)
         finally:
             if self.chained:
                 CALLS["set_nextn_layer_offset"](self._ctx, 0)  # llama.cpp's default between drafts
