@@ -40,17 +40,19 @@ def load_files(
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
     llama.cpp decide (settings.yaml's flash_attention)."""
     from localspec.engine.backend import Model, ModelOptions
-    from localspec.engine.backend.assistant import Gemma4Assistant, is_gemma4_assistant
-    from localspec.engine.backend.dflash import DFlashDraft, is_dflash
-    from localspec.engine.backend.eagle3 import Eagle3Draft, is_eagle3
+    from localspec.engine.backend.assistant import Gemma4Assistant
+    from localspec.engine.backend.dflash import DFlashDraft
+    from localspec.engine.backend.eagle3 import Eagle3Draft
+    from localspec.engine.backend.gguf import read_architecture
     from localspec.engine.drafters.model import MAX_TREE_LEAVES
 
     if history not in ("saved", "memory", "off"):
         raise ValueError(f"history must be saved, memory or off (got {history!r})")
-    # A Gemma 4 assistant drafts as the target's MTP head would (the `mtp` drafter, llama.cpp's draft-mtp).
-    assistant_draft = draft_path is not None and is_gemma4_assistant(Path(draft_path))
-    if drafter in ("none", "ngram", "self", "history") or (drafter == "mtp" and not assistant_draft):
-        draft_path = None  # do not spend memory on a draft that will not be used
+    # What kind of draft it is, read once from its header: a second model, or one beside the target (an
+    # EAGLE-3 or DFlash draft, or a Gemma 4 assistant, which drafts as the target's MTP head would: `mtp`).
+    kind = read_architecture(Path(draft_path)) if draft_path is not None else None
+    if drafter in ("none", "ngram", "self", "history") or (drafter == "mtp" and kind != "gemma4-assistant"):
+        draft_path = kind = None  # do not spend memory on a draft that will not be used
     target_path = Path(target_path)
     if draft_path is not None:
         _require_pair(target_path, Path(draft_path), f"{Path(draft_path).name} cannot draft for {target_path.name}")
@@ -58,10 +60,7 @@ def load_files(
         _require_pair(target_path, Path(self_draft_path),
                       f"{Path(self_draft_path).name} is not a self-draft of {target_path.name}")
 
-    # What kind of draft it is, read once from its header: a second model, or one beside the target.
-    assistant_draft = assistant_draft and draft_path is not None
-    eagle3_draft = draft_path is not None and not assistant_draft and is_eagle3(Path(draft_path))
-    dflash_draft = draft_path is not None and not assistant_draft and not eagle3_draft and is_dflash(Path(draft_path))
+    eagle3_draft, dflash_draft, assistant_draft = (kind == k for k in ("eagle3", "dflash", "gemma4-assistant"))
     # A draft model's candidate trees take spare sequences of a one-slot target (engine/tree.py).
     drafts_trees = tree_leaves != 0 and (self_draft_path is not None or (
         draft_path is not None and not assistant_draft and not eagle3_draft and not dflash_draft))

@@ -18,18 +18,12 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.beside import BesideTarget
-from localspec.engine.backend.gguf import read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.mtp import record_hidden
 from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
 from localspec.errors import LocalspecError, ModelFileError
 
 ARCHITECTURE = "gemma4-assistant"
-
-
-def is_gemma4_assistant(path: Path) -> bool:
-    """Whether a GGUF is a Gemma 4 assistant (read from its header, without loading it)."""
-    return read_architecture(path) == ARCHITECTURE
 
 
 class Gemma4Assistant(BesideTarget):

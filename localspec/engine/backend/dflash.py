@@ -21,15 +21,9 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.beside import BesideTarget
-from localspec.engine.backend.gguf import read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, FLOATS, rows
 from localspec.errors import LocalspecError, ModelFileError
-
-
-def is_dflash(path: Path) -> bool:
-    """Whether a GGUF is a DFlash draft (read from its header, without loading it)."""
-    return read_architecture(path) == "dflash"
 
 
 class DFlashDraft(BesideTarget):

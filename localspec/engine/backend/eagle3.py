@@ -20,18 +20,12 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.beside import BesideTarget
-from localspec.engine.backend.gguf import read_architecture
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError
 
 ENCODER_CHUNK = 64  # positions the encoder fuses per call (its outputs are rows of the draft's width)
-
-
-def is_eagle3(path: Path) -> bool:
-    """Whether a GGUF is an EAGLE-3 draft (read from its header, without loading it)."""
-    return read_architecture(path) == "eagle3"
 
 
 class Eagle3Draft(BesideTarget):
