@@ -107,6 +107,16 @@ class _Tensors:
         dtype = np.dtype(np.float16 if self.f16 and matrix else np.float32)
         self.listed.append((name, tuple(reversed(ne)), dtype, negative, fill, eye))
 
+    def attention(self, p: str, s: "Shape") -> None:
+        """A block's attention: queries, keys, values, output, and the heads' query and key norms."""
+        head = s.head
+        self.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
+        self.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
+        self.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
+        self.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
+        self.add(p + "attn_q_norm.weight", head, ones=True)
+        self.add(p + "attn_k_norm.weight", head, ones=True)
+
     def given(self, name: str, values: np.ndarray) -> None:
         """A tensor with these values (numpy's shape), drawn from no random stream."""
         self.listed.append((name, values.shape, np.dtype(np.float32), False, 0.0, False))
@@ -312,7 +322,6 @@ def _glm4moe(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, mtp: int =
 
 
 def _step35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int, mtp: int = 0) -> None:
-    head = s.head
     w.add_uint32("step35.attention.head_count", s.n_head)
     w.add_uint32("step35.attention.head_count_kv", s.n_head_kv)
     w.add_uint32("step35.expert_feed_forward_length", s.n_ff)  # read always, used by expert blocks only
@@ -330,12 +339,7 @@ def _step35(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int,
     for i in range(s.n_layer + mtp):
         p = f"blk.{i}."
         t.block_start(p, s, "ffn_norm")
-        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
-        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
-        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
-        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
-        t.add(p + "attn_q_norm.weight", head, ones=True)
-        t.add(p + "attn_k_norm.weight", head, ones=True)
+        t.attention(p, s)
         if i >= s.n_layer:
             _nextn(t, p, s)
 
@@ -367,12 +371,7 @@ def _gemma4(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int)
     for i in range(s.n_layer):
         p = f"blk.{i}."
         t.block_start(p, s, "ffn_norm")
-        t.add(p + "attn_q.weight", s.n_embd, head * s.n_head)
-        t.add(p + "attn_k.weight", s.n_embd, head * s.n_head_kv)
-        t.add(p + "attn_v.weight", s.n_embd, head * s.n_head_kv)
-        t.add(p + "attn_output.weight", head * s.n_head, s.n_embd)
-        t.add(p + "attn_q_norm.weight", head, ones=True)
-        t.add(p + "attn_k_norm.weight", head, ones=True)
+        t.attention(p, s)
         # outputs normed again, to a scale well below the embeddings' (times sqrt(width) here), so that
         # as in the other files the trunk often repeats its input token
         t.add(p + "post_attention_norm.weight", s.n_embd, fill=POST_NORM)

@@ -57,6 +57,18 @@ def assert_drafts_match(events, reference: dict, min_rounds: int) -> tuple[list[
     return accepted, n
 
 
+def assert_greedy_answers_equal_plain(engine, drafter: str, reference_prompt: str) -> None:
+    """Greedy answers with `drafter` at draft lengths 1, 3 and 8, and with `auto`, equal plain decoding's;
+    and at the reference's prompt its drafts are kept, and not all of them."""
+    prompt = "Write a story about a cat. Once upon a time"
+    plain = answer_tokens(engine.generate(prompt, max_tokens=40, drafter="none"))
+    for name, draft_len in ((drafter, 1), (drafter, 3), (drafter, 8), ("auto", "default")):
+        events = list(engine.generate(prompt, max_tokens=40, drafter=name, draft_len=draft_len))
+        assert answer_tokens(events) == plain, (name, draft_len)
+    drafts, accepted = drafts_of(engine.generate(reference_prompt, max_tokens=40, drafter=drafter, draft_len=3))
+    assert sum(accepted) > 0 and sum(map(len, drafts)) > sum(accepted)
+
+
 def assert_sampling_keeps_the_targets_distribution(engine, target_path: Path, prompt, drafter: str,
                                                    trials: int = 2000) -> None:
     """Two-token continuations sampled with `drafter` drafting (temperature 1, top-k 3: nine outcomes)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_CACHE
-from reference_drafts import (SCRIPT, assert_drafts_match, assert_sampling_keeps_the_targets_distribution,
-                              drafts_of, recorded)
+from reference_drafts import (SCRIPT, assert_drafts_match, assert_greedy_answers_equal_plain,
+                              assert_sampling_keeps_the_targets_distribution, recorded)
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import Round, answer_tokens
@@ -91,13 +91,7 @@ def test_mtp_drafts_equal_a_live_run_of_llama_cpp(engine, mtp_gguf, kind, refere
 
 
 def test_greedy_answers_equal_plain_decoding(engine, reference):
-    prompt = "Write a story about a cat. Once upon a time"
-    plain = answer_tokens(engine.generate(prompt, max_tokens=40, drafter="none"))
-    for drafter, draft_len in (("mtp", 1), ("mtp", 3), ("mtp", 8), ("auto", "default")):
-        events = list(engine.generate(prompt, max_tokens=40, drafter=drafter, draft_len=draft_len))
-        assert answer_tokens(events) == plain, (drafter, draft_len)
-    drafts, accepted = drafts_of(engine.generate(reference["prompt"], max_tokens=40, drafter="mtp", draft_len=3))
-    assert sum(accepted) > 0 and sum(map(len, drafts)) > sum(accepted)
+    assert_greedy_answers_equal_plain(engine, "mtp", reference["prompt"])
 
 
 def test_sampled_answers_keep_the_targets_distribution(engine, mtp_gguf, reference):
