@@ -24,7 +24,8 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("self", "a self-draft built from the target's own layers", "self-draft",
                  lambda s: ModelDrafter.build(s, "self"),
                  needs="needs a self-draft; build one with `localspec draft make TARGET`"),
-    Registration("mtp", "the target's own multi-token-prediction head", "MTP head", HeadDrafter.build,
+    Registration("mtp", "the target's own multi-token-prediction heads, or its Gemma 4 assistant", "MTP head",
+                 HeadDrafter.build,
                  needs="needs a target whose file carries MTP heads (as Qwen3.5's do), or a Gemma 4 assistant "
                        "as the draft; this one has neither"),
     Registration("eagle3", "an EAGLE-3 draft, trained on the target's hidden states", "EAGLE-3",
