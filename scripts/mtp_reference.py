@@ -147,19 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or HERE.parent / "tests" / "data" / f"{args.kind}_reference.json"
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / f"{args.kind}.gguf"
-        if "target" in FILES[args.kind]:
+        if "target" in FILES[args.kind]:  # a draft for a random target of its own
             target, written = write_pair(out_file, args.tokenizer, args.kind)
             file = {**FILES[args.kind], "sha256": sha256(written),
                     "target": {**FILES[args.kind]["target"], "sha256": sha256(target)}}
+            reference = run_reference(args.llama_bin, target, kind=args.kind, draft=written)
         else:
             written = write_file(out_file, args.tokenizer, args.kind)
             file = {**FILES[args.kind], "sha256": sha256(written)}
-        if "target" in FILES[args.kind]:
-            reference = run_reference(args.llama_bin, target, kind=args.kind, draft=written)
-        elif FILES[args.kind]["arch"] in ("eagle3", "dflash"):
-            reference = run_reference(args.llama_bin, args.tokenizer, kind=args.kind, draft=written)
-        else:
-            reference = run_reference(args.llama_bin, written, kind=args.kind)
+            if FILES[args.kind]["arch"] in ("eagle3", "dflash"):  # a draft for the tokenizer's model
+                reference = run_reference(args.llama_bin, args.tokenizer, kind=args.kind, draft=written)
+            else:
+                reference = run_reference(args.llama_bin, written, kind=args.kind)
         record = {"file": file, "cpu": cpu_kernels(),
                   "prompt": PROMPTS[args.kind], "n_max": N_MAX, "n_predict": N_PREDICT, **reference}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ class _Tensors:
         self.noise = noise  # a second draw on top: a "draft" that agrees with the seed's model only partly
         self.noise_rng = np.random.default_rng([seed, 1])
         self.f16 = f16
-        self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, bool, bool]] = []
+        self.listed: list[tuple[str, tuple[int, ...], np.dtype, bool, float, bool]] = []  # (…, negative, fill, eye)
         self.copies: dict[str, str] = {}  # a tensor written as another's values: its name -> the other's
         self.values: dict[str, np.ndarray] = {}  # tensors given whole (`given`)
 
@@ -386,12 +386,8 @@ def _gemma4_assistant(w: gguf.GGUFWriter, t: _Tensors, target: Path, n_ctx: int,
     embeddings (its output layer) the target's first columns, and its input projection passing those on:
     the assistant predicts what a target of small weights does, the token it was given, again."""
     reader = gguf.GGUFReader(target)
-    arch = reader.fields["general.architecture"].contents()
-    n_target = int(reader.fields[f"{arch}.embedding_length"].contents())
-    n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
-    n_head_kv = int(reader.fields[f"{arch}.attention.head_count_kv"].contents())
-    head = int(reader.fields[f"{arch}.attention.key_length"].contents())
-    n_ff = int(reader.fields[f"{arch}.feed_forward_length"].contents())
+    n_target, _n_layer, n_head, n_head_kv, n_ff = _target_dims(reader)
+    head = int(reader.fields["gemma4.attention.key_length"].contents())
     n_embd = n_target * 3 // 4
     embeddings = next(np.array(x.data) for x in reader.tensors if x.name == "token_embd.weight")
     w.add_embedding_length(n_embd)
@@ -475,9 +471,8 @@ def _bert(w: gguf.GGUFWriter, t: _Tensors, s: Shape, n_vocab: int, n_ctx: int) -
         t.add(p + "ffn_down.bias", s.n_embd)
 
 
-def _target_dims(target: Path) -> tuple[int, int, int, int, int]:
+def _target_dims(reader: gguf.GGUFReader) -> tuple[int, int, int, int, int]:
     """A target GGUF's width, layers, heads, KV heads and FFN width: what a draft for it is shaped by."""
-    reader = gguf.GGUFReader(target)
     arch = reader.fields["general.architecture"].contents()
     return tuple(int(reader.fields[f"{arch}.{key}"].contents())  # type: ignore[return-value]
                  for key in ("embedding_length", "block_count", "attention.head_count",
@@ -488,7 +483,7 @@ def _beside_target(w: gguf.GGUFWriter, arch: str, target: Path, blocks: int) -> 
     """What a draft that reads the target's layer inputs (EAGLE-3, DFlash) shares: the target's width,
     heads and FFN, `blocks` layers of its own, and the target's layers it reads (low, middle and high, as
     EAGLE-3 trains on). Returns the target's dims."""
-    dims = n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(target)
+    dims = n_embd, n_layer, n_head, n_head_kv, n_ff = _target_dims(gguf.GGUFReader(target))
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_block_count(blocks)
