@@ -1,5 +1,5 @@
 """What the tests of drafters that read the target's hidden states share: the script that records
-llama.cpp's own drafts (scripts/mtp_reference.py), its recordings (tests/data/KIND_reference.json), the
+llama.cpp's own drafts (tests/fixtures/mtp_reference.py), its recordings (tests/data/KIND_reference.json), the
 round-for-round comparison with them, and the sampled end-to-end check."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from localspec.engine.backend import Model, ModelOptions, system_info
 from localspec.engine.events import Round, answer_tokens
 from localspec.engine.sampling import Sampler, SamplingSettings
 
-SCRIPTS = Path(__file__).parent.parent / "scripts"
+SCRIPTS = Path(__file__).parent / "fixtures"
 
 
 def _script():

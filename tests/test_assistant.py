@@ -1,10 +1,10 @@
 """Gemma 4 assistants on the real llama.cpp: a random Gemma 4 target and a random assistant for it
-(scripts/random_gguf.py gemma4 / gemma4-assistant), the assistant reading the target's cache and hidden
+(tests/fixtures/random_gguf.py gemma4 / gemma4-assistant), the assistant reading the target's cache and hidden
 states (engine/backend/assistant.py) and drafting as the target's `mtp` head.
 
 The reference is llama.cpp's own `draft-mtp` with the assistant as its draft (common/speculative.cpp,
 `is_mem_shared`): tests/data/mtp-gemma4_reference.json holds what its `llama-speculative-simple` drafted on
-these very files (both sha256 checked), recorded by scripts/mtp_reference.py --kind mtp-gemma4;
+these very files (both sha256 checked), recorded by tests/fixtures/mtp_reference.py --kind mtp-gemma4;
 LOCALSPEC_LLAMA_SPECULATIVE runs it live too."""
 
 import hashlib

@@ -248,7 +248,7 @@ def test_a_suite_of_your_own_from_a_yaml_file(tmp_path):
         load_suites([str(tmp_path / "empty.yaml")])
     from pathlib import Path
 
-    shipped = load_suites([str(Path(__file__).parents[1] / "scripts" / "heldout_edit2.yaml")])  # a held-out set
+    shipped = load_suites([str(Path(__file__).parents[1] / "benchmarks" / "prompts" / "heldout_edit2.yaml")])  # a held-out set
     assert len(shipped) == 8 and shipped[0].suite == "edit-heldout-2"
 
 
@@ -259,7 +259,7 @@ def test_sessions_of_your_own_from_a_yaml_file(tmp_path):
     from localspec.bench.suites import load_sessions, load_suites
     from localspec.errors import LocalspecError
 
-    held_out = str(Path(__file__).parents[1] / "scripts" / "heldout_followups.yaml")
+    held_out = str(Path(__file__).parents[1] / "benchmarks" / "prompts" / "heldout_followups.yaml")
     sessions = load_sessions([held_out])
     assert len(sessions) == 8 and {s.kind for s in sessions} == {"follow-up"}
     assert all(len(s.requests) == 2 for s in sessions)

@@ -159,7 +159,7 @@ def test_flash_attention_setting_is_reported_used_and_checked(smollm2_home):
     assert "flash attention     llama.cpp's choice (flash_attention: auto" in _run(["doctor"], smollm2_home).stdout
 
 
-RIVAL = Path(__file__).resolve().parent.parent / "scripts" / "calibration_noise.py"  # --as-rival PATH: decodes until killed
+RIVAL = Path(__file__).resolve().parent.parent / "benchmarks" / "calibration_noise.py"  # --as-rival PATH: decodes until killed
 
 
 @pytest.mark.model

@@ -1,10 +1,10 @@
-"""DFlash drafts on the real llama.cpp: a random DFlash GGUF for the tests' SmolLM2 (scripts/random_gguf.py
+"""DFlash drafts on the real llama.cpp: a random DFlash GGUF for the tests' SmolLM2 (tests/fixtures/random_gguf.py
 dflash), filling a block at a time from the target's layer inputs (engine/backend/dflash.py, the "dflash"
 drafter).
 
 The reference is llama.cpp's own `draft-dflash`: tests/data/dflash_reference.json and
 dflash-varied_reference.json hold what its `llama-speculative-simple` drafted on these very files (sha256
-checked), recorded by scripts/mtp_reference.py --kind dflash|dflash-varied; LOCALSPEC_LLAMA_SPECULATIVE
+checked), recorded by tests/fixtures/mtp_reference.py --kind dflash|dflash-varied; LOCALSPEC_LLAMA_SPECULATIVE
 runs it live too."""
 
 import hashlib

@@ -1,9 +1,9 @@
-"""EAGLE-3 drafts on the real llama.cpp: a random EAGLE-3 GGUF for the tests' SmolLM2 (scripts/random_gguf.py
+"""EAGLE-3 drafts on the real llama.cpp: a random EAGLE-3 GGUF for the tests' SmolLM2 (tests/fixtures/random_gguf.py
 eagle3), drafting from the target's layer inputs (engine/backend/eagle3.py, the "eagle3" drafter).
 
 The reference is llama.cpp's own `draft-eagle3`: tests/data/eagle3_reference.json holds what its
 `llama-speculative-simple` drafted on this very file (sha256 checked), recorded by
-scripts/mtp_reference.py --kind eagle3; LOCALSPEC_LLAMA_SPECULATIVE runs it live too."""
+tests/fixtures/mtp_reference.py --kind eagle3; LOCALSPEC_LLAMA_SPECULATIVE runs it live too."""
 
 import hashlib
 import importlib.util

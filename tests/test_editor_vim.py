@@ -39,7 +39,7 @@ CURSOR_LINE = 9  # "    return": the completion goes on from "    return s"
 def _require_tools() -> None:
     for tool in ("vim", "tmux", "curl"):
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (scripts/setup.sh installs vim and tmux with apt where it can)")
+            pytest.skip(f"{tool} is not installed (setup.sh installs vim and tmux with apt where it can)")
     if not (PLUGIN / "autoload" / "llama.vim").exists():
         pytest.skip(f"the llama.vim client is not at {PLUGIN} (it comes with the project's shared folder)")
 

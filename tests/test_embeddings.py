@@ -153,7 +153,7 @@ def test_an_embedding_model_of_its_own_answers_beside_the_chat_model(smollm2_pat
 
 def test_an_encoder_embedding_model_pools_the_whole_text_as_llama_cpp_does(smollm2_path):
     """A BERT-like encoder (bidirectional attention, the file's own mean pooling, as nomic-embed-text and
-    bge are) sees a text whole, in one batch; random weights written by scripts/random_gguf.py."""
+    bge are) sees a text whole, in one batch; random weights written by tests/fixtures/random_gguf.py."""
     from conftest import TEST_CACHE
     from localspec.server.embeddings import embedding_model
     from test_hybrid import _random_gguf_module

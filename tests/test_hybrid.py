@@ -1,5 +1,5 @@
 """Hybrid and recurrent targets on the real llama.cpp: random-weight GGUFs of LFM2 (short convolutions)
-and Qwen3.5 (gated delta net) written by scripts/random_gguf.py with the test model's tokenizer.
+and Qwen3.5 (gated delta net) written by tests/fixtures/random_gguf.py with the test model's tokenizer.
 
 A recurrent state holds no entry per position: llama.cpp keeps `n_rs_seq` snapshots of it per decode
 (ModelOptions.rollback), so a verify can drop up to that many draft tokens, and prompt checkpoints let a
@@ -22,7 +22,7 @@ from localspec.engine.kv import KvSequence
 
 pytestmark = pytest.mark.model
 
-SCRIPT = Path(__file__).parent.parent / "scripts" / "random_gguf.py"
+SCRIPT = Path(__file__).parent / "fixtures" / "random_gguf.py"
 # The same context decoded in other batch shapes: on a CPU the logits agree closely; a GPU's kernels for one
 # position and for many round differently, far more (docs/gpu.md, "Hybrid targets and MTP heads").
 ACROSS_SHAPES_ATOL = 5e-2 if supports_gpu_offload() else 1e-3

@@ -1,11 +1,11 @@
-"""The `mtp` drafter on the real llama.cpp: random files with MTP blocks (scripts/random_gguf.py --mtp N),
+"""The `mtp` drafter on the real llama.cpp: random files with MTP blocks (tests/fixtures/random_gguf.py --mtp N),
 a hybrid (Qwen3.5) and a transformer (GLM-4.5's mixture of experts) with one, and a transformer with three
 (Step-3.5's, which llama.cpp chains: head k drafts the k-th token), drafting from the target's own hidden
 states (engine/backend/mtp.py, engine/drafters/heads.py).
 
 The reference is llama.cpp's own `draft-mtp` (common/speculative.cpp): tests/data/KIND_reference.json holds
 what its `llama-speculative-simple` drafted, round by round, on the very file (its sha256 is checked),
-recorded by scripts/mtp_reference.py; with LOCALSPEC_LLAMA_SPECULATIVE naming that binary, the
+recorded by tests/fixtures/mtp_reference.py; with LOCALSPEC_LLAMA_SPECULATIVE naming that binary, the
 reference is also run live."""
 
 import hashlib

@@ -21,7 +21,7 @@ def _rpc_build() -> bool:
 
 
 needs_rpc = pytest.mark.skipif(not _rpc_build(), reason="this llama-cpp-python build has no RPC backend "
-                                                         "(bash scripts/setup.sh builds it with -DGGML_RPC=ON)")
+                                                         "(bash setup.sh builds it with -DGGML_RPC=ON)")
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""scripts/setup.sh chooses llama.cpp's build flags from what the machine has: stand-ins for
+"""setup.sh chooses llama.cpp's build flags from what the machine has: stand-ins for
 `nvidia-smi`, `nvcc` and `uname` on PATH play the GPU, the CUDA toolkit and a Mac (`--print-flags`
 prints the choice and its reason, and builds nothing)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SETUP = Path(__file__).resolve().parent.parent / "scripts" / "setup.sh"
+SETUP = Path(__file__).resolve().parent.parent / "setup.sh"
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-0b3c7c1e-5f2a-4d3e-9c1b-2a6f0e8d7c11)"
 
 

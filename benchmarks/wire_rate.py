@@ -1,0 +1,76 @@
+"""One chat at a time through `/v1/chat/completions`: `localspec serve` against llama.cpp's `llama-server`
+on the same file (by default nothing drafted: the rate of the engine's own path).
+
+Both servers are up at once and asked in turn, one streamed chat each per pair, the order alternated per
+pair (whoever runs second is often faster here); the rate is the client's: tokens after the first over
+the time after the first, the same way for both. Prints the median per-pair ratio and a bootstrap 90%
+interval of that median (a 1% difference needs 30+ pairs on a small machine).
+
+    LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/wire_rate.py --pairs 40 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from common import QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, start_llama_server, \
+    start_server, stop
+
+
+def rate(url: str, question: str, tokens: int) -> float:
+    """Tokens per second after the first token, as the client sees them."""
+    out: dict = {}
+    chat(url, question, tokens, out, time.perf_counter())
+    if out["first_token_s"] is None or out["tokens"] < 2:
+        raise SystemExit(f"{url}: no answer to time ({out})")
+    return (out["tokens"] - 1) / (out["done_s"] - out["first_token_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="models.yaml entry (default: the default target)")
+    ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--drafter", default="none", help="localspec's drafter (default none: the path alone)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if llama_server() is None:  # (checked before localspec's server starts)
+        raise SystemExit("llama-server is not on PATH and LLAMA_SERVER does not name it")
+    ours_port, theirs_port = free_port(), free_port()
+    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter])
+    theirs = start_llama_server(args.model, 1, theirs_port)
+    urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
+    questions = QUESTIONS
+    rows = []
+    try:
+        for name in urls:  # a first answer each, not counted (loads, first-use allocations)
+            rate(urls[name], questions[0], 16)
+        for i in range(args.pairs):
+            order = list(urls) if i % 2 == 0 else list(urls)[::-1]
+            question = questions[i % len(questions)]
+            got = {name: rate(urls[name], question, args.tokens) for name in order}
+            rows.append({"pair": i, "first": order[0], **got, "ratio": got["localspec"] / got["llama-server"]})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for proc in (ours, theirs):
+            stop(proc)
+    ratios = [r["ratio"] for r in rows]
+    lo, hi = median_interval(ratios)
+    ours_rate = statistics.median(r["localspec"] for r in rows)
+    theirs_rate = statistics.median(r["llama-server"] for r in rows)
+    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter}: median ratio "
+          f"{statistics.median(ratios):.3f} (90% interval of the median {lo:.3f}-{hi:.3f}; per pair "
+          f"{min(ratios):.2f}-{max(ratios):.2f}); median tok/s {ours_rate:.2f} vs {theirs_rate:.2f}")
+    for first in urls:
+        sub = [r["ratio"] for r in rows if r["first"] == first]
+        print(f"  {first} first: median ratio {statistics.median(sub):.3f} ({len(sub)} pairs)")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json), "cpu_flags": cpu_flags()}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
