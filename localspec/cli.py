@@ -332,8 +332,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
               help="Prompt suites (8 prompts each: code, edit, chat, creative; structured: JSON schemas, tool calls "
                    "and JSON rewrites under their grammar, against `Llama` with the same grammar), and 'sessions' "
                    "(related requests in order: follow-up edits, regenerations, quotes, repeated tool output), "
-                   "or a YAML file of your own prompts (`name:`, `prompts:`; scripts/heldout_edit.yaml) or "
-                   "sessions (`sessions:`; scripts/heldout_followups.yaml), comma-separated.")
+                   "or a YAML file of your own prompts (`name:`, `prompts:`) or "
+                   "sessions (`sessions:`), comma-separated.")
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option("--repeat", type=int, default=1, show_default=True, help="Runs of each variant per prompt.")
 @click.option("--temperature", "temperatures", default="0,0.7", show_default=True,

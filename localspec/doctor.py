@@ -19,7 +19,7 @@ def report() -> list[str]:
     say(f"localspec           {__version__}")
     say(f"llama-cpp-python    {backend.bindings_version()}")
     say(f"GPU offload         {'yes' if gpu else 'no (CPU only build)'}")
-    say(f"RPC workers         {'yes (--rpc HOST:PORT; localspec rpc-worker)' if backend.supports_rpc() else 'no (rebuild: bash scripts/setup.sh)'}")
+    say(f"RPC workers         {'yes (--rpc HOST:PORT; localspec rpc-worker)' if backend.supports_rpc() else 'no (rebuild: bash setup.sh)'}")
     for device in backend.devices():
         mem = f"{device.free_bytes / 2**30:.1f}/{device.total_bytes / 2**30:.1f} GiB free" if device.total_bytes else ""
         say(f"  device {device.kind:5} {device.name}: {device.description} {mem}")
@@ -33,7 +33,7 @@ def report() -> list[str]:
     heads = unavailable()
     say(f"hidden-state drafts {'no: ' + heads if heads else 'yes: MTP heads in a target file (mtp), EAGLE-3 drafts (eagle3), DFlash drafts (dflash)'}")
     if not gpu:
-        say("With an NVIDIA GPU and the CUDA toolkit, `bash scripts/setup.sh` builds for it (docs/gpu.md).")
+        say("With an NVIDIA GPU and the CUDA toolkit, `bash setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")
     say(f"config              {paths.config_dir()}")
     say(f"cache               {paths.cache_dir()}")

@@ -154,7 +154,7 @@ def require_rpc_backend() -> None:
 
     if not backend.supports_rpc():
         raise LocalspecError("This llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with "
-                             "`bash scripts/setup.sh` (its default flags include -DGGML_RPC=ON).")
+                             "`bash setup.sh` (its default flags include -DGGML_RPC=ON).")
 
 
 def serve_worker(host: str, port: int, threads: int | None, cache: Path | None, allow_public: bool,

@@ -51,7 +51,7 @@ class Estimate:
 def estimate(cost: CostModel, step_s: float, published: Published = QWEN35_MTP,
              plain_s: float | None = None, max_len: int | None = None) -> Estimate:
     """`cost`: the target's verifies with the head following; `plain_s`: plain decoding's seconds per token
-    where it differs from one such verify (a load without the head: scripts/mtp_costs.py); `max_len`: the
+    where it differs from one such verify (a load without the head: benchmarks/mtp_costs.py); `max_len`: the
     longest draft the heads can write (chained heads: as many as they are)."""
     plain_s = plain_s or cost.verify(1)
     k, rate = best_length(published.chained()[:max_len], cost, step_s, margin=0.0)

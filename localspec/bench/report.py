@@ -41,8 +41,7 @@ class Row:
 # A prompt is reported slower than plain decoding when its ratio to localspec's plain decoding is below
 # this and below the run's own noise: localspec's and Llama's plain decoding run at the same speed
 # (docs/performance.md, "Plain parity"), so how far apart they came out on a prompt is what the machine
-# alone moves a per-prompt ratio by in that run (2-core EPYC VMs, two repeats: 5-18% by suite,
-# docs/performance.md).
+# alone moves a per-prompt ratio by in that run.
 SLOWER = 0.97
 
 

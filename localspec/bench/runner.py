@@ -42,7 +42,7 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
           progress: Callable[[str], None] = lambda _m: None) -> tuple[list[Run], dict[str, str]]:
     """Every prompt x temperature x repeat: localspec plain, each drafter and (with `peers`) `Llama`
     plain back to back, in the reverse order on every other prompt and every other repeat (order alone
-    moves a figure by up to ~10% on small machines; with two repeats each prompt runs A B B A). The first repeat of each variant at the first temperature starts from
+    moves a figure on small machines; with two repeats each prompt runs A B B A). The first repeat of each variant at the first temperature starts from
     an empty cache, so its time to first token includes the whole prompt. On the first `peer_prompts`
     prompts of each suite, the other peers follow (greedy). Returns the runs and, for each peer that
     could not run, why."""

@@ -53,7 +53,7 @@ class Session:
 
 def load_sessions(names: Iterable[str] = (SESSIONS,)) -> list[Session]:
     """The shipped sessions (`sessions` among `names`) and those of session files named there (a YAML
-    file with `sessions:`, as bench_prompts/sessions.yaml; scripts/heldout_followups.yaml)."""
+    file with `sessions:`, as bench_prompts/sessions.yaml)."""
     out = []
     for name in names:
         if name == SESSIONS:
@@ -113,7 +113,7 @@ def load_suites(names: Iterable[str]) -> list[Prompt]:
 
 
 def _suite_file(path: Path) -> list[Prompt]:
-    """A suite of your own (scripts/heldout_edit.yaml: edits nothing was tuned on), in the shipped
+    """A suite of your own (a YAML file), in the shipped
     suites' format: `name:` and `prompts:`."""
     try:
         prompts = parse_prompts(path.read_text(encoding="utf-8"))

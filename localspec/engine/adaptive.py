@@ -76,7 +76,7 @@ class CostModel:
 
 # A candidate tree fills verify positions that cost at most this much more than its chain's alone: the
 # staircase of verify costs (12 positions at 8's price on some CPUs, up to 32-64 nearly free on a GPU)
-# makes them free, and a leaf can only add tokens (scripts/replay_trees.py replays trees at these costs).
+# makes them free, and a leaf can only add tokens (benchmarks/replay_trees.py replays trees at these costs).
 TREE_SLACK = 0.1
 
 
@@ -91,7 +91,7 @@ def step_cost(cost: CostModel, lengths: Sequence[int]) -> float:
     of its own, and llama.cpp then splits a batch into micro-batches taking as many tokens from every
     sequence in them: each distinct length adds a pass over the sequences that reach it (1 + 1 + 16 is
     verify(3) for 3 x 1, then verify(15)); a pass over s sequences x p positions costs about what one
-    sequence of s * p does. Measured: scripts/batch_shape_costs.py."""
+    sequence of s * p does."""
     parts = sorted(n for n in lengths if n > 0)
     total, done = 0.0, 0
     for i, n in enumerate(parts):
@@ -124,9 +124,7 @@ def steps_saved_s(cost: CostModel, ahead: Sequence[float], queued: bool = False)
 
 # A shared step drafts only where the later steps its drafts are expected to save exceed the seconds
 # they add to it by this much: the copies' chances are estimates (what shared drafts kept is learnt as
-# Promises.trust). Two and four edits at once, drafts vs none (scripts/shared_drafts.py, 2-core EPYC,
-# AVX-512 and AVX2 builds): medians 0.94-1.03, within the run-to-run noise (docs/history/
-# 2026-12-02-shared-steps.md).
+# Promises.trust).
 SHARED_MARGIN = 0.3
 
 
@@ -170,12 +168,10 @@ class Promises:
     `trust` is what a promised token is worth when the next shared step is priced. The chances come
     from each request's lookups as priced for rounds alone, and the proposal a step verifies is the
     one promising most among several, so they may overstate; a lookup whose chances are wrong is then
-    verified for a few steps, not for every one. Measured on edits, the promises held (kept 0.71-1.05
-    of promised; scripts/shared_drafts.py prints both). Starts trusting the chances (`prior` tokens
+    verified for a few steps, not for every one. Starts trusting the chances (`prior` tokens
     kept of as many promised); never above 1. A shared step that offered drafts and verified none
     (`passed`) forgets a little too, so trust lost in one stretch of text comes back in later ones:
-    held only by drafts, one answer's broken copies (AVX2 build, four edits at once: 9 kept of 21.3
-    promised) kept every shared step of the next nine runs from drafting."""
+    held only by drafts, one answer's broken copies would keep every later shared step from drafting."""
 
     promised: float = 0.0
     kept: float = 0.0
@@ -251,7 +247,7 @@ class Acceptance:
 # text an edit rewrites) and of the answer itself (mostly coincidental repeats). Age 0 is a copy resumed
 # right after a token the target replaced; ages from 10 on share one class (one break far into a copy
 # must not price the rest of it out). Measured with the default pair: docs/tuning.md, "Copy priors";
-# scripts/replay_planner.py replays a change on recorded answers.
+# benchmarks/replay_planner.py replays a change on recorded answers.
 AGE_CLASSES = (0, 1, 2, 3, 4, 5, 7, 10)
 PROMPT_COPY_PRIORS = (0.2, 0.3, 0.65, 0.75, 0.85, 0.9, 0.9, 0.96)
 ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
@@ -260,7 +256,7 @@ ANSWER_COPY_PRIORS = (0.2, 0.2, 0.35, 0.5, 0.55, 0.6, 0.65, 0.8)
 # copy), 2 for younger ones (whether a fresh match holds depends on the request, so their record must
 # move their price within a few drafts). docs/tuning.md, "Prior weights".
 COPY_PRIOR_STRENGTHS = tuple(16.0 if age >= 5 else 2.0 for age in AGE_CLASSES)
-# From this age a copy's prior (0.96 of a prompt's copy: 90-100% measured on edits) is as good as a
+# From this age a copy's prior (a prompt's copy this old is nearly always kept) is as good as a
 # measured rate for the margin a draft must promise (`CopyAcceptance.evidence`).
 MEASURED_FROM_AGE = 10
 
@@ -324,8 +320,8 @@ class CopyAcceptance:
     def evidence(self, age: int) -> float:
         """Copied tokens the price of this age rests on, for `margin_for`: its record, and from
         `MEASURED_FROM_AGE` on its prior's weight too. Counted as nothing there, no copy paid the
-        margin of a guess on a steep AVX2 table and none was ever drafted; counted for younger copies
-        (resumed after an edit point at 5-9), it cost edits on AVX-512 (docs/tuning.md, "Margins")."""
+        margin of a guess where verifying is dear and none was ever drafted; counted for younger copies
+        (resumed after an edit point), it drafts them too long (docs/tuning.md, "Margins")."""
         c = self._class(age)
         return self.tried[c] + (self._strengths[c] if self.classes[c] >= MEASURED_FROM_AGE else 0.0)
 
@@ -367,7 +363,7 @@ def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
     `draft_fixed_s + k * draft_per_token_s` (a block drafter's pass costs the same for any k).
 
     Only lengths whose verify batch (k + 1 positions) was measured are chosen: between measured sizes
-    the cost is not smooth (on a CPU, 16 positions were measured at 5.3x one and 15 at 6.0x), so an
+    the cost is not smooth (on a CPU a batch can cost more than a larger one), so an
     interpolated price can be far off in either direction."""
     plain = 1.0 / cost.verify(1)
     best_k, best_rate = 0, plain

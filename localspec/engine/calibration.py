@@ -2,8 +2,7 @@
 
 Drafts are priced by the shape of these costs (how much dearer n positions are than one), so a shape
 measured while another program used the CPU is paid for in every later answer: llama.cpp's threads
-spin at barriers, and a preempted thread costs an order of magnitude, not its share (one position
-measured at 912 ms beside another llama.cpp process, 55 ms alone). The rules:
+spin at barriers, and a preempted thread costs an order of magnitude, not its share. The rules:
 
 - A measurement is trusted only if its passes agree, llama.cpp's threads got their CPU time, and no
   other program used a large share of the CPU meanwhile (`assess`). Only trusted ones are cached.
@@ -12,7 +11,7 @@ measured at 912 ms beside another llama.cpp process, 55 ms alone). The rules:
   one-token rounds keep contradicting (`Calibrator.due`).
 - A cached entry carries when and how it was measured (`Calibration`); `localspec doctor` lists them.
 
-scripts/verify_costs.py prints the table; scripts/calibration_noise.py measures what the checks see
+benchmarks/verify_costs.py prints the table; benchmarks/calibration_noise.py prints what the checks see
 with and without another llama.cpp process decoding.
 """
 
@@ -37,26 +36,23 @@ from localspec.engine.model import LanguageModel
 # Verify batch sizes measured at load, up to the most logits rows one decode returns
 # (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU,
 # so only a copy that is nearly sure to be kept whole drafts that long: a regenerated answer drafted
-# from history. scripts/verify_costs.py prints the table for this machine and build.
+# from history.
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
-# Trust thresholds (scripts/calibration_noise.py prints each figure, alone and beside a second
-# llama.cpp process).
+# Trust thresholds.
 # Each size's median pass over its fastest, the median over sizes: one slow pass in three (a spell of
 # page faults at a first start, a stray timer) leaves the fastest pass corroborated; passes that mostly
-# disagree do not. It does not tell a busy machine alone: the CPU readings below do
-# (docs/history/2026-12-04-calibration-spread.md; scripts/calibration_noise.py).
+# disagree do not. It does not tell a busy machine alone: the CPU readings below do.
 MAX_SPREAD = 1.25
 MIN_CPU_SHARE = 0.7      # CPU time the process got over wall time x threads, while it decoded on the CPU
 MAX_OTHERS_BUSY = 0.3    # share of every core that other programs used meanwhile
 QUIET_OTHERS_BUSY = 0.15  # a moment quiet enough to start measuring again
 # Live one-token rounds contradict a calibration when their median is this far from its one-token cost
 # either way, over at least CONTRADICTION_SAMPLES rounds at short contexts (the calibration's own is 48
-# tokens; one-token decoding barely slows by 512). Beside another llama.cpp process one token costs
-# 2.3-7x what it costs alone (scripts/calibration_noise.py), while on a quiet 2-core VM live rounds
-# move up to 1.6x around a calibration (memory bandwidth shared with other machines; a server's own
-# streaming): 1.4x over 8 rounds measured again after one short warm-up answer in 2 of 6 fresh servers,
-# and the request that came next waited for a 64-position batch (docs/tuning.md, "Calibration").
+# tokens; one-token decoding barely slows by 512). Another llama.cpp process beside it costs several
+# times a token's price, while a quiet virtual machine's live rounds drift well below that around a
+# calibration (memory bandwidth shared with other machines): the threshold tells the two apart, and a
+# drift alone never makes a request wait for a measurement (docs/tuning.md, "Calibration").
 CONTRADICTION = 2.0
 CONTRADICTION_SAMPLES = 16
 SHORT_CONTEXT = 512

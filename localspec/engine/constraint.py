@@ -6,8 +6,7 @@ and, each round, a fork of it per verify row: the state after the draft prefix t
 draft token the grammar forbids ends the draft before it is verified (it would be rejected anyway), and
 the state advances only by the tokens the round keeps, so rejected drafts need no rollback.
 
-Asking a grammar about every token of a large vocabulary is slow (llama.cpp: 12-67 ms for 151k
-tokens on a 2-core CPU), so each row asks only about the tokens its sampling reads: greedy, the
+Asking a grammar about every token of a large vocabulary costs a large share of a decode, so each row asks only about the tokens its sampling reads: greedy, the
 highest-scoring ones until one is allowed; top-k sampling, the highest until k are allowed; only
 otherwise the whole vocabulary. The result is exactly the masked distribution either way.
 """
@@ -40,7 +39,7 @@ class Constraint(Protocol):
 
 
 # Each live alternative of a grammar is a stack llama.cpp advances on every token: under an alternation
-# whose members share a prefix a token costs about n² (scripts/grammar_costs.py measures it), all of it
+# whose members share a prefix a token costs about n², all of it
 # on the engine's thread while every other request waits. The limit keeps a token's grammar work near a
 # decode step's time; real schemas stay far below (a country list is 250).
 MAX_ALTERNATIVES = 3000
@@ -90,10 +89,9 @@ def trigger_token(vocab: Pieces, text: str) -> int | None:
 
 # The m best logits lie within a few logits of the best one (m = 40 on the default target: 14 below it at
 # the median, 23 at most, over 60 positions of code and prose), so only the ids above the best minus the
-# first of these margins that lets m through are partitioned, not the whole vocabulary: np.argpartition
-# over 151,936 logits takes 1.4-1.9 ms, paid by every sampled token (a twentieth of a token's decode on
-# a 2-core CPU); a sampled token's filters and draw took 4.5 ms with it and 0.3-0.4 ms now, on those
-# positions' logits. Exact: whatever passes holds at least m tokens, so the m best are among them.
+# first of these margins that lets m through are partitioned, not the whole vocabulary (a partition
+# over a 150k-token vocabulary would be paid by every sampled token). Exact: whatever passes holds at
+# least m tokens, so the m best are among them.
 TOP_MARGINS = (8.0, 12.0, 16.0, 24.0, 32.0)
 
 

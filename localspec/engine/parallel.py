@@ -18,8 +18,7 @@ seeds would) drafts in the shared steps too: each offers its lookups' best propo
 history, what its grammar forces; the draft model has a sequence per request but drafts only when its
 request decodes alone), and the step verifies one length of all of them (`adaptive.shared_lengths`):
 with a KV cache per sequence llama.cpp takes as many tokens from every sequence in a micro-batch, so
-drafts of one length share a pass and a longer one adds its own (`adaptive.step_cost`,
-scripts/batch_shape_costs.py). A draft is worth the later steps it saves (`adaptive.steps_saved_s`):
+drafts of one length share a pass and a longer one adds its own (`adaptive.step_cost`). A draft is worth the later steps it saves (`adaptive.steps_saved_s`):
 the others decode as many steps whatever one sequence drafts, so one sequence's draft pays only for
 what its pending token adds to a step, while drafts in every sequence save whole steps; the chances
 promised count for what shared drafts kept (`Promises.trust`). A lane left alone drafts as alone again
@@ -47,10 +46,9 @@ from localspec.errors import LocalspecError
 
 
 # A shared step evaluates joining prompts beside the others' pending tokens for at most STEP_S at the
-# calibrated verify costs (which price a logits row per position: a prompt's chunk, with one, costs
-# about half that on a 2-core AVX2 CPU), but never fewer than LEAST_CHUNK tokens: smaller chunks make
-# every joining prompt dearer and its first token later. Measured: scripts/chats_at_once.py
-# (docs/performance.md, "Chats at once").
+# calibrated verify costs (which price a logits row per position, so a prompt's chunk, with one row,
+# costs less), but never fewer than LEAST_CHUNK tokens: smaller chunks make every joining prompt dearer
+# and its first token later (benchmarks/serve_suite.py --scenarios chats measures it).
 STEP_S = 1.0
 LEAST_CHUNK = 64
 # A prompt with nothing else in the step is evaluated at most this many tokens a step (llama.cpp's

@@ -18,9 +18,8 @@ from localspec.errors import LocalspecError
 
 
 # A prefix another slot holds is copied when it saves evaluating at least this many tokens. The copy
-# moves the whole slot's cache (llama.cpp copies a sequence across streams only whole): on a 2-core
-# AVX2 CPU, 20-30 ms added to the next decode for the 1.5B target's 4096-token slot, about a third of
-# one token's decode, where 16 prompt tokens cost ~450 ms.
+# moves the whole slot's cache (llama.cpp copies a sequence across streams only whole), which costs a
+# fraction of one token's decode, while evaluating this many prompt tokens costs several.
 COPY_AT_LEAST = 16
 
 

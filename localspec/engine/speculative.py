@@ -32,7 +32,7 @@ from localspec.engine.tree import DraftTree, accept_greedy_tree, accept_sampled_
 PLAIN_PROBE_GAIN = 0.3
 # A verify of at most this many positions runs llama.cpp's one-token kernels on CPUs, so its rows are
 # bit-identical to plain decoding's; from 4 rows the repacked K-quant gemm sums in another order and a
-# Q4_K_M file's log-probabilities move by a few hundredths (scripts/batch_noise.py). A request that asks
+# Q4_K_M file's log-probabilities move by a few hundredths. A request that asks
 # for log-probabilities drafts within it, so the numbers it gets are plain decoding's.
 EXACT_VERIFY_POSITIONS = 3
 
@@ -285,7 +285,7 @@ class Planner:
     one-token probe (`Probing`), so that a change in the text is noticed. Where `plain_wanted` says
     plain decoding has not been measured at this context length (engine/speedup.py), a draft promising
     less than PLAIN_PROBE_GAIN over plain decoding is skipped for a plain round: the speedup shown is
-    then measured, for the price of a few small drafts. scripts/replay_planner.py replays these rules
+    then measured, for the price of a few small drafts. benchmarks/replay_planner.py replays these rules
     offline on recorded answers.
     """
 

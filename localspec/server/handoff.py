@@ -1,13 +1,12 @@
 """A request's events from the engine's thread to the event loop that serves its client.
 
 The engine's thread leaves each event in the request's box and never wakes the loop: a wake-up lets the
-loop take the GIL between two decodes, and the next decode then waits for the loop's work on the event
-(docs/history/2026-12-04-scheduler-over-core.md measures it per token). Instead each loop has one pump
+loop take the GIL between two decodes, and the next decode then waits for the loop's work on the event.
+Instead each loop has one pump
 that moves every box into its request's queue while requests are in flight, and stops when none is.
 The pump sleeps until the engine's current step is due to end (`expect`: the scheduler's thread says how
 long the step before took), then every HANDOFF_S until it ends: every wake-up costs the loop's thread CPU
-that llama.cpp's threads would have had, and a step is many HANDOFF_S long
-(docs/history/2026-12-04-sequences-and-wire.md measures both).
+that llama.cpp's threads would have had, and a step is many HANDOFF_S long.
 """
 
 from __future__ import annotations

@@ -90,14 +90,12 @@ def _settle(done: asyncio.Future, value: Any, error: BaseException | None) -> No
 # While an answer is generated, a completion joined to its steps may add at most this share of the time
 # to them, after a first burst of this many seconds; between a chat's answers completions go first, so
 # the chat keeps a little less than the rest. The trade (completion latency against the chat's rate) is
-# measured by scripts/serve_suite.py --scenarios editor+chat (docs/performance.md, "Completions while a
-# chat streams"; joined against stepped alone: docs/history/2026-12-04-editor-joined.md).
+# measured by benchmarks/serve_suite.py --scenarios editor+chat (docs/performance.md, "Serving").
 URGENT_SHARE = 0.2
 URGENT_BURST_S = 1.0
 # The engine measures its costs again between requests (Engine.maintain) only after this many seconds
-# with none: a request arriving meanwhile waits for the batch being measured (up to ~1.5 s on a 2-core
-# CPU), and a typing session's requests come 0.8 s apart at the median, at most 3.2 s
-# (assets/fim-session.jsonl).
+# with none: a request arriving meanwhile waits for the batch being measured, and it must outlast the
+# longest pause between a typing user's completion requests.
 MAINTAIN_AFTER_IDLE_S = 5.0
 # A slot is kept free for completions only while an editor is around: one asked for a completion within
 # this many seconds. Without an editor every slot can hold a chat (4 chats at once with 4 slots).

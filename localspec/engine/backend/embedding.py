@@ -31,7 +31,7 @@ POOLINGS = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls", 
 # holds a row per token.
 MAX_TOKENS = 2048
 # Tokens per decode of a causal model: one Scheduler.call step, kept near a generation step's time on a
-# CPU so that a text never holds a chat for long (scripts/embedding_costs.py times a text).
+# CPU so that a text never holds a chat for long.
 CHUNK = 128
 
 
@@ -67,7 +67,7 @@ class Embedder(_Metadata):
         cparams.no_perf = True
         # Off unless asked for: llama.cpp's CPU flash attention rounds the queries to F16, which moves a
         # pooled vector visibly; off, the vectors are llama.cpp's reference pooling's (Llama(embedding=True):
-        # tests/test_embeddings.py; docs/history/2026-12-03-api-costs.md has the figures).
+        # tests/test_embeddings.py).
         cparams.flash_attn_type = options.attention_type() if options.flash_attn is not None \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         mark = problems_mark()

@@ -47,7 +47,7 @@ class ModelOptions:
     devices: tuple[int, ...] = ()     # ggml devices to place every layer on (RPC workers: rpc_devices); () = llama.cpp's
     tensor_split: tuple[float, ...] = ()  # share of the layers on each of `devices`; () = by their free memory
     placement: str = ""               # where the layers are, for cache keys: "" local, "rpc:HOST:PORT,…"
-    kv_unified: bool = False          # one KV buffer for all sequences (scripts/batch_shape_costs.py --unified)
+    kv_unified: bool = False          # one KV buffer for all sequences (candidate trees need it)
     rollback: int = ROLLBACK_POSITIONS  # recurrent/hybrid targets: snapshots of each sequence's state kept per decode,
                                       # so a verify can drop up to this many draft tokens (llama.cpp's n_rs_seq); the
                                       # longest draft such a target is sent. Each costs one more copy of the state.
@@ -73,9 +73,8 @@ class ModelOptions:
     def attention_type(self) -> int:
         """Flash attention as `flash_attn` says; None: llama.cpp's choice (on, on CPUs)."""
         # Left on by default on CPUs: with it, batched logits equal one-token logits bit for bit for small
-        # batches (scripts/batch_noise.py --flash-attn), so verified greedy answers part from plain ones
-        # less often, and prompts are 3-7% faster; off makes verify batches after long contexts ~25%
-        # cheaper (scripts/attention_costs.py). docs/performance.md, "Flash attention", weighs the two.
+        # batches, so verified greedy answers part from plain ones less often, and prompts are faster; off
+        # makes verify batches after long contexts cheaper (settings.yaml's `flash_attention` chooses).
         if self.flash_attn is None:
             return L.LLAMA_FLASH_ATTN_TYPE_AUTO
         return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED

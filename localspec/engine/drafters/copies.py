@@ -15,7 +15,7 @@ class CopyDrafter(Drafter):
     answer's start how this session's other answers opened (`OpeningDrafter`, shared). Copies are
     priced by their age, apart for copies of the prompt (an edit's input) and of the answer; each
     request starts again from the priors (an edit's record carried into a code question drafts its
-    prompt's words at a loss: scripts/replay_planner.py measures it)."""
+    prompt's words at a loss)."""
 
     name = "ngram"
     max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)

@@ -131,9 +131,8 @@ class ModelTurn(Turn):
     def prefill(self, context: Sequence[int], plan: Plan) -> None:
         """Bring the prompt in only when this request is expected to draft with it (or a fixed length
         forces it). A drafter that is not expected to pay costs nothing: no prefill now, and a catch-up
-        (priced, see `catch_up_pays`) only when it first wins a round. On a CPU the default pair's draft
-        model never pays, and prefilling it added ~50% to the time to first token
-        (scripts/plain_parity.py measures both)."""
+        (priced, see `catch_up_pays`) only when it first wins a round: where the draft model never pays,
+        prefilling it would only delay the first token."""
         cap = plan.fixed_len if plan.fixed_len is not None else self.drafter.max_len
         if plan.fixed_len is not None or self._best(cap, plan)[0] > 0:
             self.prepare(context)
@@ -159,8 +158,8 @@ class ModelTurn(Turn):
         """Never for a drafter that cannot pay on this machine even when nearly always right, nor one
         whose catch-up would cost more than `probe_share` of decoding the rest of the answer plainly: a
         probe is a guess at what the drafter might do, and with the target on RPC workers (a verify batch
-        dear, a draft token cheap) probes that each caught up a whole prompt cost 5-20% of short answers
-        that never drafted (scripts/rpc_bench.py)."""
+        dear, a draft token cheap) probes that each caught up a whole prompt cost short answers that never
+        drafted a large share of their time."""
         drafter = self.drafter
         k, rate = best_length([drafter.plausible_best] * drafter.max_len, plan.cost, drafter.cost.per_token_s)
         if k == 0:
@@ -173,8 +172,7 @@ class ModelTurn(Turn):
         """A catch-up is a batched prefill on this machine: priced by the draft model's own prefill, measured
         at load. Without that measurement (a given per-token cost): the target's per-position cost in its
         largest calibrated batch, scaled by how much cheaper a draft token is than a target token; with
-        the target on RPC workers that undercounts a prefill on the client's cores 2-4x, and probes the
-        estimate let through cost chats and stories 5-23% (scripts/rpc_bench.py at 5 ms)."""
+        the target on RPC workers that undercounts a prefill on the client's cores several times over."""
         if self.drafter.prefill_s is not None:
             return self.drafter.prefill_s
         cost = plan.cost

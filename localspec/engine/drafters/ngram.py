@@ -86,8 +86,8 @@ class NgramDrafter:
         """Index the context's positions before its last token, from where the last call stopped.
 
         The lookup runs every round right after a decode has streamed the weights through the caches:
-        there a dozen numpy calls over the whole context cost ~0.1 ms a round (0.4% of a 25 ms token
-        on a 2-core CPU), the lookup on these dictionaries a third of that (docs/performance.md)."""
+        there numpy calls over the whole context are slow (the caches hold the weights, not the
+        context), so the index is kept up to date and the lookup reads dictionaries."""
         upto = len(context) - 1
         if context is not self._source or upto < self._indexed:
             self._forget_index()
