@@ -122,7 +122,12 @@ class Catalog:
 
 
 def shipped_catalog_text() -> str:
-    return resources.files("localspec").joinpath("models.yaml").read_text(encoding="utf-8")
+    """The catalog localspec ships: the copy a built package carries (setup.py puts it there), else, run
+    from a source checkout, the repository's top-level models.yaml itself."""
+    packaged = resources.files("localspec").joinpath("models.yaml")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "models.yaml").read_text(encoding="utf-8")
 
 
 def load_catalog(user_file: Path | None = None) -> Catalog:
