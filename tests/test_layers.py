@@ -1,4 +1,4 @@
-"""The package's layers (README, "Architecture"): every import points down, and the types hold.
+"""The package's layers (docs/architecture.md): every import points down, and the types hold.
 
     base (errors, paths) <- engine <- services (config, catalog, pull, …, loader) <- tui | server <- cli
 
@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "localspec.doctor": 2,
     "localspec.inventory": 2, "localspec.rpc": 2, "localspec.hosted": 2,
     "localspec.tui": 3, "localspec.server": 3,
-    "localspec.cli": 4, "localspec.cli_options": 4,
+    "localspec.cli": 4, "localspec.cli_options": 4, "localspec.cli_reference": 4,
 }
 SIBLINGS = {("localspec.tui", "localspec.server"), ("localspec.server", "localspec.tui")}
 
