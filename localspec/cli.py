@@ -255,7 +255,7 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
         raise click.BadParameter("must be at least 64", param_hint="--ctx")
     placement = {} if connect else rpc_load_options(rpc, rpc_allow_public, tensor_split)
     app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers,
-                     no_history_drafts=no_history_drafts, placement=placement)
+                     no_history_drafts=no_history_drafts, placement=placement, yield_cpu=None)
     app.run()
 
 

@@ -4,7 +4,9 @@
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
     history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
     rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
-    flash_attention: auto          # auto: llama.cpp's choice; on / off (docs/performance.md, "Flash attention")
+    flash_attention: auto          # auto: llama.cpp's choice; on / off
+    chat_draws: smooth             # smooth: the chat app redraws 10 times a second; sparingly: it draws only on
+                                   # what llama.cpp leaves of the CPU (faster answers, fewer frames on small machines)
     chat:
       temperature: 0.0
       max_tokens: 1024
@@ -115,6 +117,7 @@ class UserConfig:
     rpc_workers: str = ""
     flash_attention: str = "auto"
     max_request_mb: float = 8.0   # `localspec serve` refuses larger request bodies with 413 (--max-request-mb)
+    chat_draws: str = "smooth"    # "sparingly": the chat app's drawing yields the CPU to the engine
 
     def history(self, off: bool = False) -> str:
         """The engine's `history` option: a command's --no-history-drafts or this setting turns it off."""
@@ -156,8 +159,11 @@ def load_user_config() -> UserConfig:
     flash = {True: "on", False: "off"}.get(flash, flash)  # YAML reads a bare on / off as true / false
     if flash not in ("auto", "on", "off"):
         raise LocalspecError(f"{path}: flash_attention must be auto, on or off.")
+    draws = data.get("chat_draws", "smooth")
+    if draws not in ("smooth", "sparingly"):
+        raise LocalspecError(f"{path}: chat_draws must be smooth or sparingly.")
     max_mb = data.get("max_request_mb", UserConfig.max_request_mb)
     if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) or max_mb <= 0:
         raise LocalspecError(f"{path}: max_request_mb must be a number of megabytes above 0.")
     return UserConfig(model=str(model) if model else None, chat=chat, history_drafts=history, rpc_workers=workers,
-                      flash_attention=flash, max_request_mb=float(max_mb))
+                      flash_attention=flash, max_request_mb=float(max_mb), chat_draws=draws)

@@ -44,7 +44,9 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-STATUSES = ("complete", "cancelled", "error")
+# An answer is saved as "streaming" while it is written (about once a second); one still "streaming" when
+# the history is opened again was cut off (the app killed, the terminal closed) and becomes "interrupted".
+STATUSES = ("complete", "cancelled", "error", "streaming", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,18 @@ class History:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (cur.lastrowid,)).fetchone()
         return _message(row)
 
+    def update_message(self, message_id: int, content: str, *, status: str, stats: dict | None = None,
+                       spans: list | None = None) -> None:
+        """Write a message again: an answer as it streams, then as it ended."""
+        if status not in STATUSES:
+            raise ValueError(status)
+        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = ?, spans = ? WHERE id = ?",
+                        (content, status, _dump(stats), _dump(spans), message_id))
+
+    def mark_interrupted(self) -> int:
+        """Answers left "streaming" by a process that ended mid-answer become "interrupted"; how many."""
+        return self.db.execute("UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'").rowcount
+
     def messages(self, conversation_id: int) -> list[MessageRow]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         return [_message(r) for r in rows]
@@ -187,7 +201,7 @@ class History:
             lines += [f"*Model: {conv.model}*", ""]
         for m in self.messages(conversation_id):
             heading = {"user": "You", "assistant": "Assistant", "system": "System"}[m.role]
-            note = {"cancelled": " (cancelled)", "error": " (failed)"}.get(m.status, "")
+            note = {"cancelled": " (cancelled)", "error": " (failed)", "interrupted": " (interrupted)"}.get(m.status, "")
             lines += [f"## {heading}{note}", "", m.content.rstrip(), ""]
             if m.stats and m.stats.get("one_line"):
                 lines += [f"> {m.stats['one_line']}", ""]

@@ -37,6 +37,12 @@ def make_app(provider=None, **kwargs):
     return app
 
 
+def live_text(app) -> str:
+    """What the streaming answer's live block shows (drawn at the screen's frame rate)."""
+    answer = app.log_view.current
+    return answer.query_one(".live").visual.plain if answer is not None and answer.query(".live") else ""
+
+
 async def send(pilot, text):
     for ch in text:
         await pilot.press(ch if ch != " " else "space")
@@ -50,7 +56,7 @@ async def test_answer_streams_with_accepted_and_rejected_spans_styled():
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "write add")
-        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        await until(pilot, lambda: live_text(app))
         answer = app.log_view.current
         # first round: "def " accepted, nothing rejected, "add" from the target
         assert answer.spans == [(sp.ACCEPTED, "def "), (sp.TARGET, "add")]
@@ -84,7 +90,7 @@ async def test_the_stats_panel_says_whether_the_answer_is_decoded_with_other_req
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "write add")
-        await until(pilot, lambda: app.stats.tally.rounds > 0)
+        await until(pilot, lambda: "model · " in str(app.stats.query_one("#stats-numbers").visual))
         shown = str(app.stats.query_one("#stats-numbers").visual)
         hold.set()
         await until(pilot, lambda: not app.generating)
@@ -97,7 +103,7 @@ async def test_hiding_rejected_tokens_rerenders_the_stream():
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "x")
-        await until(pilot, lambda: app.log_view.current is not None and app.log_view.current.spans)
+        await until(pilot, lambda: live_text(app))
         live = app.log_view.current.query_one(".live")
         assert "WRONG" in live.visual.plain
         await pilot.press("ctrl+t")
@@ -367,3 +373,78 @@ async def test_details_say_how_many_rounds_verified_trees_and_kept_a_second_cand
         await until(pilot, lambda: type(app.screen).__name__ == "DetailsScreen" and app.screen.query("#details-spans"))
         shown = " ".join(w.visual.plain for w in app.screen.query("Static"))
         assert "2 rounds verified a second candidate" in shown and "kept one in 1" in shown
+
+
+class GatedProvider(ScriptedProvider):
+    """Loading waits for `gate`; `fail` makes it raise instead."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.gate, self.fail = threading.Event(), fail
+
+    def load(self, entry_id):
+        self.gate.wait(10)
+        if self.fail:
+            from localspec.errors import LocalspecError
+
+            raise LocalspecError("the file is truncated")
+        return super().load(entry_id)
+
+
+async def test_a_message_sent_while_the_model_loads_is_sent_once_it_is_ready():
+    provider = GatedProvider()
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.loading is not None)
+        await send(pilot, "are you there")
+        assert app.prompt.text == "" and not app.generating  # taken, shown, waiting
+        assert [w.visual.plain for w in app.log_view.query(UserMessage)] == ["are you there"]
+        assert any("Sent once pair-a is loaded" in note for note in app.notes)
+        provider.gate.set()
+        await until(pilot, lambda: app.engine is not None)
+        answered = lambda: [r.status for r in app.history.messages(app.conversation.id)][-1:] == ["complete"]
+        await until(pilot, lambda: len(app.history.messages(app.conversation.id)) == 2 and answered())
+        await until(pilot, lambda: not app.generating)
+        rows = app.history.messages(app.conversation.id)
+        assert [(r.role, r.status) for r in rows] == [("user", "complete"), ("assistant", "complete")]
+        assert rows[0].content == "are you there" and rows[1].content.startswith("def add")
+        assert provider.engine.calls[-1]["messages"][-1] == {"role": "user", "content": "are you there"}
+        assert [w.visual.plain for w in app.log_view.query(UserMessage)] == ["are you there"]  # shown once
+
+
+async def test_a_message_waiting_for_a_model_that_fails_to_load_goes_back_into_the_prompt():
+    provider = GatedProvider(fail=True)
+    app = make_app(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.loading is not None)
+        await send(pilot, "hello")
+        provider.gate.set()
+        await until(pilot, lambda: app.loading is None)
+        await until(pilot, lambda: app.prompt.text == "hello")
+        assert not app.log_view.query(UserMessage) and not app.history.messages(app.conversation.id)
+
+
+async def test_the_answer_is_saved_as_it_streams_and_shown_interrupted_after_a_crash():
+    """The history holds the answer while it streams; a process that dies mid-answer leaves it there,
+    and the next start shows it marked interrupted (here the first app is abandoned, not closed)."""
+    hold = threading.Event()
+    app = make_app(ScriptedProvider(ScriptedEngine(hold=hold)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "write add")
+        await until(pilot, lambda: live_text(app))
+        conversation = app.conversation.id
+        await until(pilot, lambda: History().messages(conversation)[-1].content == "def add", timeout=5)
+        saved = History().messages(conversation)[-1]
+        assert saved.status == "streaming" and [sp.ACCEPTED, "def "] in saved.spans
+        crashed = History()  # what a second process sees while the first is mid-answer
+        hold.set()
+        await until(pilot, lambda: not app.generating)
+    crashed.update_message(saved.id, "def add", status="streaming", spans=saved.spans)  # as the crash left it
+    app = make_app(ScriptedProvider())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        answer = app.log_view.query(AssistantMessage).last()
+        assert answer.finished and answer.status == "interrupted" and answer.text == "def add"
+        assert "interrupted" in answer.query_one(SummaryLine).visual.plain
+        assert History().messages(conversation)[-1].status == "interrupted"

@@ -21,6 +21,7 @@ from localspec.errors import LocalspecError
 from localspec.history import History
 from localspec.tui.chat import ChatScreen
 from localspec.tui.conversations import Conversations, LoadedModel
+from localspec.tui.engine_thread import EngineThread, lower_priority
 from localspec.tui.provider import LocalProvider, Provider
 from localspec.tui.screens import HelpScreen, ModelPicker
 
@@ -46,13 +47,18 @@ class ChatApp(App):
         error: str
 
     def __init__(self, provider: Provider, *, entry_id: str | None = None, drafter: str | None = None,
-                 history: History | None = None, config: UserConfig | None = None):
+                 history: History | None = None, config: UserConfig | None = None, yield_cpu: bool = False):
+        """`yield_cpu`: the app's thread draws at a lower priority than the engine (tui/engine_thread.py),
+        as settings.yaml's `chat_draws: sparingly` asks; an app inside another program (the tests) leaves
+        that program's priority be."""
         super().__init__()
+        self.engine_thread = EngineThread()
+        self.yield_cpu = yield_cpu
         self.provider = provider
         self.config = config or UserConfig()
         self.chats = Conversations(history or History(), self.config, drafter)
         self.model = LoadedModel()
-        self.chat = ChatScreen(self.chats, self.model, requested=entry_id)
+        self.chat = ChatScreen(self.chats, self.model, requested=entry_id, run_engine=self.engine_thread.run)
         self._quitting = False
 
     def get_default_screen(self) -> ChatScreen:
@@ -79,11 +85,18 @@ class ChatApp(App):
     def action_export_conversation(self) -> None:
         self.chat.action_export_conversation()
 
+    def on_mount(self) -> None:
+        if self.yield_cpu:
+            lower_priority()
+            if not isinstance(self.provider, LocalProvider):  # the engine is a server's: all of the app yields
+                self.engine_thread.run(lower_priority)
+
     def on_unmount(self) -> None:
         self.chat.stop_answer()
         # Never free the models under a decode still running in the worker thread.
         if self.chat.wait_for_worker(timeout=30) and self.engine is not None:
             self.engine.close()
+        self.engine_thread.close()
         self.history.close()
 
     # ------------------------------------------------------------------ models
@@ -111,7 +124,7 @@ class ChatApp(App):
             return
         self.call_from_thread(self._loading, entry_id)
         try:
-            engine = self.provider.load(entry_id)
+            engine = self.engine_thread.run(self.provider.load, entry_id)
         except Exception as exc:  # a failed load must leave the app (and the conversations) running
             error = str(exc) if isinstance(exc, LocalspecError) else f"{type(exc).__name__}: {exc}"
             self.post_message(self.EngineFailed(entry_id, error))
@@ -130,7 +143,7 @@ class ChatApp(App):
         self.push_screen(ModelPicker(self.provider, current, pull_now=pull_now, intro=intro), self._picked_model)
 
     @on(EngineReady)
-    def _engine_ready(self, message: EngineReady) -> None:
+    async def _engine_ready(self, message: EngineReady) -> None:
         if self.engine is not None:
             self.engine.close()
         self.model.engine, self.model.entry_id, self.model.loading = message.engine, message.entry_id, None
@@ -142,13 +155,15 @@ class ChatApp(App):
         self.notify(f"{message.entry_id} is ready.", timeout=3)
         for warning in message.engine.warnings:
             self.notify(warning, severity="warning", timeout=10)
+        await self.chat.model_ready()
 
     @on(EngineFailed)
-    def _engine_failed(self, message: EngineFailed) -> None:
+    async def _engine_failed(self, message: EngineFailed) -> None:
         self.model.loading = None
         self._show_model()
         self.notify(f"{message.entry_id}: {message.error}", title="Could not load the model", severity="error",
                     timeout=15)
+        await self.chat.model_failed()
 
     def _show_model(self) -> None:
         if self.engine is None:
@@ -201,9 +216,12 @@ class ChatApp(App):
 def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider: Provider | None = None,
                history: History | None = None, config: UserConfig | None = None, n_ctx: int = 4096,
                n_gpu_layers: int | None = None, no_history_drafts: bool = False,
-               placement: dict | None = None) -> ChatApp:
-    """The chat app, wired to local models unless a provider is given (tests script one)."""
+               placement: dict | None = None, yield_cpu: bool | None = False) -> ChatApp:
+    """The chat app, wired to local models unless a provider is given (tests script one). `yield_cpu`
+    None: as the user's settings say (`chat_draws`)."""
     config = config or load_user_config()
+    if yield_cpu is None:
+        yield_cpu = config.chat_draws == "sparingly"
     return ChatApp(
         provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts),
                                   placement=placement, flash_attn=config.flash_attn()),
@@ -211,4 +229,5 @@ def create_app(entry_id: str | None = None, *, drafter: str | None = None, provi
         drafter=drafter,
         history=history,
         config=config,
+        yield_cpu=yield_cpu,
     )

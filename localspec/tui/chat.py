@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 from dataclasses import dataclass
+from typing import Callable
 
 from textual import on
 from textual.binding import Binding
@@ -23,10 +25,11 @@ from localspec.engine.contract import DRAFTER_SETTINGS, unavailable_drafter
 from localspec.engine.events import Summary
 from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.screens import ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
-from localspec.tui.widgets import (AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
+from localspec.tui.widgets import (FRAME_S, AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
                                    SummaryLine)
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+SAVE_EVERY_S = 1.0  # a streaming answer is saved this often: what a crash can lose
 
 
 class ChatScreen(Screen):
@@ -53,14 +56,19 @@ class ChatScreen(Screen):
     class AnswerFinished(Message):
         """An answer ended (complete, stopped or failed) and is in the history."""
 
-    def __init__(self, chats: Conversations, model: LoadedModel, requested: str | None = None) -> None:
-        """`requested`: the model to open first (`chat MODEL`); else the conversation's, else the user's."""
+    def __init__(self, chats: Conversations, model: LoadedModel, requested: str | None = None,
+                 run_engine: Callable[..., None] = lambda fn, *args: fn(*args)) -> None:
+        """`requested`: the model to open first (`chat MODEL`); else the conversation's, else the user's.
+        `run_engine(fn, *args)` runs an answer's engine calls where the app keeps its engine."""
         super().__init__()
         self.chats, self.model, self._requested = chats, model, requested
+        self.run_engine = run_engine
         self.generating = False
+        self.pending: str | None = None  # a message sent while the model loads, sent once it is ready
         self.cancel = threading.Event()
         self.worker_done = threading.Event()
         self.worker_done.set()
+        self._saved_at = 0.0
 
     def stop_answer(self) -> None:
         """Ask the worker to end the answer after its round (the partial answer is kept)."""
@@ -93,6 +101,7 @@ class ChatScreen(Screen):
         return self.query_one("#stats", StatsPanel)
 
     async def on_mount(self) -> None:
+        self._frames = self.set_interval(FRAME_S, self._frame, pause=True)
         self.prompt.recall = self.chats.history.prompts()
         conversation = self.chats.most_recent()
         await self.open_conversation(conversation.id, apply_override=True)
@@ -107,6 +116,9 @@ class ChatScreen(Screen):
     # ------------------------------------------------------------------ conversations
 
     async def open_conversation(self, conversation_id: int, apply_override: bool = False) -> None:
+        if self.pending is not None:  # a message waiting for the model stays in the prompt, unsent
+            self.prompt.load_text(self.pending)
+            self.pending = None
         rows = self.chats.open(conversation_id, apply_override)
         self._show_settings()
         await self.log_view.show_conversation(rows)
@@ -185,39 +197,92 @@ class ChatScreen(Screen):
 
     @on(PromptInput.Submitted)
     async def _send(self, message: PromptInput.Submitted) -> None:
+        if self.generating or self.pending is not None:
+            self.notify("An answer is still streaming; Esc stops it." if self.generating else
+                        "A message is already waiting for the model.", severity="warning")
+            return
+        if self.model.engine is None:
+            if not self.model.loading:
+                self.notify("No model is loaded: Ctrl+O picks one.", severity="warning")
+                return
+            self.pending = message.text
+            self.prompt.clear()
+            self.prompt.remember(message.text)
+            await self.log_view.show_waiting(message.text)
+            self.notify(f"Sent once {self.model.loading} is loaded.", timeout=3)
+            return
+        await self._ask(message.text)
+
+    async def model_ready(self) -> None:
+        """The app loaded a model: a message that waited for it goes now."""
+        if self.pending is not None:
+            text, self.pending = self.pending, None
+            await self.log_view.drop_waiting()
+            await self._ask(text, remembered=True)
+
+    async def model_failed(self) -> None:
+        """The model did not load: a message that waited for it goes back into the prompt, unsent."""
+        if self.pending is not None:
+            text, self.pending = self.pending, None
+            await self.log_view.drop_waiting()
+            self.prompt.load_text(text)
+
+    async def _ask(self, text: str, remembered: bool = False) -> None:
         engine = self.model.engine
-        if self.generating:
-            self.notify("An answer is still streaming; Esc stops it.", severity="warning")
-            return
-        if engine is None:
-            loading = self.model.loading
-            self.notify(f"{loading} is still loading…" if loading else "No model is loaded: Ctrl+O picks one.",
-                        severity="warning")
-            return
+        assert engine is not None
         problem = unavailable_drafter(self.chats.settings.drafter, engine.drafters)
         if problem:
             self.notify(f"{self.model.entry_id}: {problem} Ctrl+S changes the drafter.", severity="error",
                         title="Drafter not available")
+            if remembered:
+                self.prompt.load_text(text)
             return
-        self.prompt.clear()
-        self.prompt.remember(message.text)
-        self.chats.add_prompt(message.text)
+        self.generating = True  # from here on: a second Enter must not send while this one is set up
+        if not remembered:
+            self.prompt.clear()
+            self.prompt.remember(text)
+        self.chats.add_prompt(text)
+        messages = self.chats.context_messages()
+        self.chats.start_answer()
+        self._saved_at = time.monotonic()
         self.refresh_sidebar()
-        await self.log_view.start_answer(message.text)
+        await self.log_view.start_answer(text)
         s = self.chats.settings
         options = {"max_tokens": s.max_tokens, "sampling": s.sampling(), "drafter": s.drafter, "draft_len": s.draft_len}
-        self.generating = True
+        self.log_view.inbox.clear()
         self.cancel, self.worker_done = threading.Event(), threading.Event()
         self.stats.start(engine.baseline_tokens_per_s or self.stats.baseline)
-        self.log_view.generate(engine, self.chats.context_messages(), options, self.cancel, self.worker_done)
+        self._frames.resume()
+        self.log_view.generate(engine, messages, options, self.cancel, self.worker_done, run_on=self.run_engine)
 
     @on(ChatLog.Streamed)
-    async def _streamed(self, message: ChatLog.Streamed) -> None:
-        event = message.event
-        self.stats.add(event)
-        if isinstance(event, Summary):
-            status = "cancelled" if event.stop_reason == "cancelled" else "complete"
-            await self._finish(event.text, status, event)
+    async def _streamed(self) -> None:
+        await self._take_events()
+
+    async def _take_events(self) -> None:
+        """The events the engine left since the last look, in order; the answer ends with its summary."""
+        inbox = self.log_view.inbox
+        while inbox and self.generating:
+            event = inbox.popleft()
+            self.log_view.add(event)
+            self.stats.add(event)
+            if isinstance(event, Summary):
+                status = "cancelled" if event.stop_reason == "cancelled" else "complete"
+                await self._finish(event.text, status, event)
+
+    async def _frame(self) -> None:
+        await self._take_events()
+        if self.generating:
+            self._draw_frame()
+
+    def _draw_frame(self) -> None:
+        """What the rounds since the last frame changed, drawn at once; the answer saved now and then."""
+        self.log_view.draw()
+        self.stats.draw()
+        answer = self.log_view.current
+        if answer is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self._saved_at = time.monotonic()
+            self.chats.save_partial(answer.text, answer.spans)
 
     @on(ChatLog.Maintained)
     def _maintained(self, message: ChatLog.Maintained) -> None:
@@ -225,14 +290,17 @@ class ChatScreen(Screen):
 
     @on(ChatLog.Failed)
     async def _failed(self, message: ChatLog.Failed) -> None:
+        await self._take_events()  # the rounds before the failure belong to the partial answer
         answer = self.log_view.current
         await self._finish(answer.text if answer else "", "error", None, message.error)
         self.notify(message.error, title="The answer failed", severity="error", timeout=15)
 
     async def _finish(self, text: str, status: str, summary: Summary | None, error: str | None = None) -> None:
+        self._frames.pause()
+        self._draw_frame()
         answer = self.log_view.current
         stored = summary.stored() if summary is not None else {"error": error} if error else {}
-        self.chats.add_answer(text, status, stored, answer.spans if answer else [])
+        self.chats.finish_answer(text, status, stored, answer.spans if answer else [])
         if answer is not None:
             answer.content = text
             await answer.finish(summary, status, error)

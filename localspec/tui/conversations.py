@@ -31,6 +31,8 @@ class Conversations:
         self.drafter_override = drafter_override
         self.current: ConversationRow | None = None
         self.settings = ChatSettings()
+        self.answer_id: int | None = None  # the answer being written, saved as it streams
+        history.mark_interrupted()
 
     # ------------------------------------------------------------------ which conversation
 
@@ -92,8 +94,23 @@ class Conversations:
             self.history.rename(self.current.id, text.splitlines()[0][:48])
         self._reload()
 
-    def add_answer(self, text: str, status: str, stats: dict, spans: list) -> None:
-        if self.current is not None:
+    def start_answer(self) -> None:
+        """An empty answer, saved as "streaming" until `finish_answer`: a crash leaves what was saved."""
+        assert self.current is not None
+        self.answer_id = self.history.add(self.current.id, "assistant", "", status="streaming", spans=[]).id
+
+    def save_partial(self, text: str, spans: list) -> None:
+        """The answer so far (called about once a second while it streams)."""
+        if self.answer_id is not None:
+            self.history.update_message(self.answer_id, text, status="streaming", spans=[list(s) for s in spans])
+
+    def finish_answer(self, text: str, status: str, stats: dict, spans: list) -> None:
+        """The answer as it ended (complete, cancelled or error), in place of what was saved as it streamed."""
+        if self.answer_id is not None:
+            self.history.update_message(self.answer_id, text, status=status, stats=stats,
+                                        spans=[list(s) for s in spans])
+            self.answer_id = None
+        elif self.current is not None:
             self.history.add(self.current.id, "assistant", text, status=status, stats=stats,
                              spans=[list(s) for s in spans])
 

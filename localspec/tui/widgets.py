@@ -6,6 +6,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, cast
 
 from textual import events, on, work
 from textual.binding import Binding
@@ -21,7 +22,23 @@ from localspec.errors import LocalspecError
 from localspec.history import MessageRow
 from localspec.tui import spans as sp
 
+if TYPE_CHECKING:
+    from textual.css.styles import RulesMap
+
 FREEZE_AT = 600  # characters in the live block before its finished lines are frozen
+# While an answer streams, what it changes on screen is drawn at most this often, however many rounds
+# arrive: every repaint takes CPU time from llama.cpp's threads, which wait for each other at every op.
+FRAME_S = 1 / 10
+
+
+def update_in_place(widget: Static, content: Content) -> None:
+    """`Static.update`, with a layout pass only when the content takes another number of lines at the
+    widget's width: a layout pass arranges every widget on the screen, while most updates of a streaming
+    answer or of the numbers beside it keep their height."""
+    region = widget.content_region
+    rules = cast("RulesMap", widget.styles)  # (Textual's own widgets measure content with their styles)
+    same = region.width > 0 and content.get_height(rules, region.width) == region.height
+    widget.update(content, layout=not same)
 
 
 class PromptInput(TextArea):
@@ -86,8 +103,8 @@ class PromptInput(TextArea):
 
 
 class UserMessage(Static):
-    def __init__(self, text: str):
-        super().__init__(Content(text), classes="message user")
+    def __init__(self, text: str, id: str | None = None):
+        super().__init__(Content(text), classes="message user", id=id)
 
 
 class SummaryLine(Static, can_focus=True):
@@ -107,8 +124,8 @@ class SummaryLine(Static, can_focus=True):
 
     def _describe(self) -> Content:
         parts: list = []
-        if self.status == "cancelled":
-            parts.append(("■ cancelled  ", "$text-warning bold"))
+        if self.status in ("cancelled", "interrupted"):
+            parts.append((f"■ {self.status}  ", "$text-warning bold"))
         elif self.status == "error":
             parts.append((f"✖ {self.error or 'failed'}  ", "$text-error bold"))
         s = self.summary
@@ -141,6 +158,7 @@ class AssistantMessage(Vertical):
         self.content = content
         self._live_spans: list[sp.Span] = []
         self._live: Static | None = None
+        self._changed = False
         self.show_rejected = True
 
     def compose(self):
@@ -156,15 +174,23 @@ class AssistantMessage(Vertical):
         return self.content if self.content is not None else sp.answer_text(self.spans)
 
     def add(self, new: list[sp.Span]) -> None:
-        sp.merge(self.spans, [s for s in new])
+        """A round's spans; shown at the next `draw`."""
+        sp.merge(self.spans, list(new))
         sp.merge(self._live_spans, list(new))
+        self._changed = True
+
+    def draw(self) -> None:
+        """Show what was added since the last draw: only the live block is rendered again, and it holds
+        the current paragraph (finished lines are frozen into blocks never rendered again)."""
+        if not self._changed or self._live is None:
+            return
+        self._changed = False
         frozen, self._live_spans = sp.split_frozen(self._live_spans, FREEZE_AT)
-        if frozen and self._live is not None:
+        if frozen:
             block = Static(sp.render(frozen, self.show_rejected), classes="block")
             block.spans = frozen  # type: ignore[attr-defined]
             self.mount(block, before=self._live)
-        if self._live is not None:
-            self._live.update(sp.render(self._live_spans, self.show_rejected))
+        update_in_place(self._live, sp.render(self._live_spans, self.show_rejected))
 
     def set_show_rejected(self, show: bool) -> None:
         self.show_rejected = show
@@ -190,7 +216,7 @@ class ChatLog(VerticalScroll):
 
     @dataclass
     class Streamed(Message):
-        event: Prefill | Round | Summary
+        """The answer started or ended: its events wait in `inbox`, to be taken now."""
 
     @dataclass
     class Maintained(Message):
@@ -213,6 +239,10 @@ class ChatLog(VerticalScroll):
         super().__init__(**kwargs)
         self.current: AssistantMessage | None = None
         self.show_rejected = True
+        # The answer's events, oldest first, as the engine's thread leaves them. Rounds wait for the
+        # screen's next frame (a message per round would wake the event loop dozens of times a second);
+        # the answer's start and end are announced with a message, to be shown at once.
+        self.inbox: deque[Prefill | Round | Summary] = deque()
 
     async def show_conversation(self, rows: list[MessageRow]) -> None:
         """Replace what is shown with these turns (a welcome text when there are none)."""
@@ -241,6 +271,18 @@ class ChatLog(VerticalScroll):
         self.scroll_end(animate=False)
         return answer
 
+    async def show_waiting(self, prompt: str) -> None:
+        """A message sent before the model is ready, shown as waiting for it."""
+        for welcome in self.query("#welcome"):
+            await welcome.remove()
+        await self.mount_all([UserMessage(prompt, id="waiting-prompt"),
+                              Static("waiting for the model to load…", id="waiting", classes="summary")])
+        self.scroll_end(animate=False)
+
+    async def drop_waiting(self) -> None:
+        for widget in self.query("#waiting-prompt, #waiting"):
+            await widget.remove()
+
     def toggle_rejected(self) -> bool:
         self.show_rejected = not self.show_rejected
         for answer in self.query(AssistantMessage):
@@ -253,10 +295,19 @@ class ChatLog(VerticalScroll):
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, engine, messages: list[dict], options: dict, cancel: threading.Event,
-                 done: threading.Event) -> None:
+                 done: threading.Event, run_on: Callable[..., None]) -> None:
+        """Streams the answer; `run_on` runs the engine's part where the engine's calls belong (its thread)."""
+        try:
+            run_on(self._stream, engine, messages, options, cancel)
+        finally:
+            done.set()
+
+    def _stream(self, engine, messages: list[dict], options: dict, cancel: threading.Event) -> None:
         try:
             for event in engine.chat(messages, cancel=cancel, **options):
-                self.post_message(self.Streamed(event))
+                self.inbox.append(event)
+                if not isinstance(event, Round):
+                    self.post_message(self.Streamed())
             # The answer is shown; the engine's put-off work runs now, until the next prompt or a model
             # switch (both set `cancel` or make the engine ask it to stop).
             if done_between := engine.maintain(interrupt=cancel.is_set):
@@ -265,13 +316,16 @@ class ChatLog(VerticalScroll):
             self.post_message(self.Failed(str(exc)))
         except Exception as exc:  # an engine failure mid-answer must not take the app (or the history) down
             self.post_message(self.Failed(f"The engine failed: {type(exc).__name__}: {exc}"))
-        finally:
-            done.set()
 
-    @on(Streamed)
-    def _show_round(self, message: Streamed) -> None:
-        if isinstance(message.event, Round) and self.current is not None:
-            self.current.add(sp.round_spans(message.event))
+    def add(self, event: Prefill | Round | Summary) -> None:
+        """An event taken from the inbox: a round's spans join the answer (shown at the next `draw`)."""
+        if isinstance(event, Round) and self.current is not None:
+            self.current.add(sp.round_spans(event))
+
+    def draw(self) -> None:
+        """Show the rounds added since the last draw (the screen calls it at most every FRAME_S)."""
+        if self.current is not None:
+            self.current.draw()
             self.follow()
 
     def follow(self) -> None:
@@ -304,6 +358,8 @@ class StatsPanel(Vertical):
         self.shared = 0               # other requests in the latest round's decode (a server's)
         self.history: list[float] = []
         self.showing_stored = False
+        self._changed = False
+        self._positions_shown: tuple | None = None
 
     def compose(self):
         yield Static("", id="stats-numbers")
@@ -356,14 +412,20 @@ class StatsPanel(Vertical):
             self.last_draft = event.drafted
             self.last_drafter = event.drafter
             self.shared = event.shared
-            self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
         elif isinstance(event, Summary):
             self.tokens_per_s = event.tokens_per_s
             self.first_token_s = event.first_token_s or self.first_token_s
             if event.baseline_tokens_per_s:
                 self.baseline = event.baseline_tokens_per_s
             self.speedup, self.measured = event.speedup, event.baseline_measured
-        self.refresh_numbers()
+        self._changed = True
+
+    def draw(self) -> None:
+        """Show what `add` changed since the last draw (the screen calls it at most every FRAME_S)."""
+        if self._changed:
+            self._changed = False
+            self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
+            self.refresh_numbers()
 
     def show_stored(self, summary: Summary) -> None:
         """The statistics of a finished answer from the history (when a conversation is opened)."""
@@ -401,8 +463,11 @@ class StatsPanel(Vertical):
                                    if self.shared else "alone\n"),
             ("setting  ", "dim"), self.drafter_label or "—",
         )
-        self.query_one("#stats-numbers", Static).update(lines)
-        self.query_one("#stats-positions", Static).update(position_bars(t.kept_at, t.tried_at))
+        update_in_place(self.query_one("#stats-numbers", Static), lines)
+        positions = (tuple(t.kept_at), tuple(t.tried_at))
+        if positions != self._positions_shown:  # they change only in rounds that drafted
+            self._positions_shown = positions
+            update_in_place(self.query_one("#stats-positions", Static), position_bars(t.kept_at, t.tried_at))
 
 
 def position_bars(kept: list[int], tried: list[int], width: int = 12, rows: int = 8) -> Content:

@@ -1,0 +1,193 @@
+"""The chat app's rate against `localspec run` on the same prompt: what the terminal UI costs the engine.
+
+    .venv/bin/python benchmarks/chat_rate.py                       # the default pair, 400 tokens, 3 repeats
+    .venv/bin/python benchmarks/chat_rate.py --modes in-process,connect --repeat 3 --json out.json
+
+Each repeat answers the prompt with `localspec run` and with the real `localspec chat` in a real terminal
+(tmux, 160x45), in-process and `--connect`ed to a `localspec serve`, the order rotated from repeat to
+repeat; greedy, drafting history off, a fresh conversation each time. Both rates are the engine's own
+summary (generated tokens over the answer's wall time): `run` prints it, the chat stores it with the
+answer. While the chat streams, the app's CPU is sampled: its main thread (the UI's event loop) in
+process, the whole client process with `--connect`. `--frames` also counts how often the screen changed
+over two seconds mid-answer (tmux captures, 50 a second).
+
+Runs in a home of its own (LOCALSPEC_HOME) that links your pulled models and copies your calibrations,
+so nothing of yours is changed. Nothing else CPU-heavy may run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import cpu_flags
+
+PROMPT = ("Write a Python module for a small library system: classes for books, members and loans, "
+          "with methods to lend, return and list overdue books, docstrings, and a short usage example.")
+EXE = Path(sys.executable).parent / "localspec"
+SESSION = "localspec-chat-rate"
+
+
+def own_home(max_tokens: int, draws: str = "smooth") -> Path:
+    """A LOCALSPEC_HOME with the current one's pulled models (linked) and calibrations (copied)."""
+    from localspec import paths
+
+    home = Path(tempfile.mkdtemp(prefix="chat-rate-"))
+    for folder in ("data", "cache", "config"):
+        (home / folder).mkdir()
+    models = home / "data" / "models"
+    if paths.models_dir().exists():
+        models.symlink_to(paths.models_dir())
+    if paths.registry_file().exists():  # what was pulled, its paths moved to the linked folder
+        text = paths.registry_file().read_text().replace(str(paths.models_dir()), str(models))
+        (home / "data" / paths.registry_file().name).write_text(text)
+    if paths.calibration_file().exists():
+        shutil.copy(paths.calibration_file(), home / "cache" / paths.calibration_file().name)
+    (home / "config" / "settings.yaml").write_text(
+        f"chat: {{temperature: 0.0, max_tokens: {max_tokens}, drafter: auto}}\nhistory_drafts: false\n"
+        f"chat_draws: {draws}\n")
+    return home
+
+
+def cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_rate(entry: str, env: dict, max_tokens: int) -> float:
+    out = subprocess.run([str(EXE), "run", entry, PROMPT, "--max-tokens", str(max_tokens), "--temperature", "0",
+                          "--no-history-drafts", "--json"], env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"localspec run failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])["tokens_per_s"]
+
+
+def answer_row(db: Path) -> tuple[str, dict] | None:
+    if not db.exists():
+        return None
+    with sqlite3.connect(db) as con:
+        row = con.execute("SELECT status, stats FROM messages WHERE role = 'assistant' ORDER BY id DESC "
+                          "LIMIT 1").fetchone()
+    return (row[0], json.loads(row[1]) if row[1] else {}) if row else None
+
+
+def screen_changes(seconds: float = 2.0) -> float:
+    """How many times a second the chat's screen changed, over `seconds`."""
+    last, changes, t0 = None, 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        now = subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION], capture_output=True, text=True).stdout
+        changes += now != last and last is not None
+        last = now
+        time.sleep(0.02)
+    return changes / seconds
+
+
+def chat_rate(entry: str, env: dict, home: Path, connect: bool, frames: bool) -> dict:
+    """The chat app answers PROMPT in tmux; its stored summary's rate and the app's CPU while streaming."""
+    db = home / "data" / "history.sqlite3"
+    for stale in home.glob("data/history.sqlite3*"):
+        stale.unlink()
+    command = f"{EXE} chat {'--connect' if connect else entry} --no-history-drafts"
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45",
+                    "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME")],
+                    *command.split()], check=True)
+    try:
+        deadline = time.monotonic() + 600
+        while "is ready" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION],
+                                                capture_output=True, text=True).stdout:
+            if time.monotonic() > deadline:
+                raise SystemExit("the chat app did not load its model within 600 s")
+            time.sleep(0.5)
+        pid = int(subprocess.run(["tmux", "list-panes", "-t", SESSION, "-F", "#{pane_pid}"], capture_output=True,
+                                 text=True).stdout.split()[0])
+        app = next((p for p in [pid, *map(int, subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                                text=True).stdout.split())]
+                    if "chat" in Path(f"/proc/{p}/cmdline").read_text()), pid)
+        stat = Path(f"/proc/{app}/stat") if connect else Path(f"/proc/{app}/task/{app}/stat")
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, "-l", PROMPT], check=True)
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, "Enter"], check=True)
+        time.sleep(1.5)  # past the prompt's evaluation: the answer streams
+        c0, t0 = cpu_seconds(stat), time.monotonic()
+        per_s = screen_changes() if frames else None
+        c1, t1 = c0, t0
+        while (row := answer_row(db)) is None or row[0] == "streaming":
+            c1, t1 = cpu_seconds(stat), time.monotonic()
+            time.sleep(0.2)
+        status, stats = row if row else ("missing", {})
+        if status != "complete":
+            raise SystemExit(f"the chat's answer ended {status}: {stats}")
+        return {"tokens_per_s": stats["tokens_per_s"], "tokens": stats["generated_tokens"],
+                "app_cpu": (c1 - c0) / (t1 - t0) if t1 > t0 else None, "screen_changes_per_s": per_s}
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entry", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", default="in-process,connect", help="in-process, connect, or both")
+    ap.add_argument("--draws", choices=("smooth", "sparingly"), default="smooth",
+                    help="the chat app's settings.yaml `chat_draws` (sparingly: it yields the CPU to the engine)")
+    ap.add_argument("--frames", action="store_true", help="count the screen's changes per second mid-answer")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if shutil.which("tmux") is None:
+        raise SystemExit("tmux is needed (setup.sh --with-editor-tools installs it)")
+    home = own_home(args.max_tokens, args.draws)
+    env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+    modes = args.modes.split(",")
+    server = None
+    if "connect" in modes:
+        server = subprocess.Popen([str(EXE), "serve", args.entry, "--no-history-drafts", "--port", "0", "--slots", "1",
+                                   "--ctx", "4096"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+        while not (home / "run" / "localspec.sock").exists():
+            if server.poll() is not None:
+                raise SystemExit(f"localspec serve ended: {server.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+    rows = []
+    try:
+        for i in range(args.repeat):
+            sides = ["run", *modes]
+            sides = sides[i % len(sides):] + sides[:i % len(sides)]
+            for side in sides:
+                if side == "run":
+                    got = {"tokens_per_s": run_rate(args.entry, env, args.max_tokens)}
+                else:
+                    got = chat_rate(args.entry, env, home, side == "connect", args.frames)
+                rows.append({"repeat": i, "side": side, **got})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+        shutil.rmtree(home, ignore_errors=True)
+    plain = statistics.median(r["tokens_per_s"] for r in rows if r["side"] == "run")
+    print(f"\n`localspec run`: {plain:.1f} tok/s (median of {args.repeat})")
+    for mode in modes:
+        mine = [r for r in rows if r["side"] == mode]
+        rate = statistics.median(r["tokens_per_s"] for r in mine)
+        cpu = statistics.median(r["app_cpu"] for r in mine if r["app_cpu"] is not None)
+        frames = [r["screen_changes_per_s"] for r in mine if r["screen_changes_per_s"] is not None]
+        print(f"`localspec chat` {mode}: {rate:.1f} tok/s = {rate / plain:.3f}x run; the app's "
+              f"{'main thread' if mode == 'in-process' else 'process'} {cpu:.1%} of a core"
+              + (f"; screen changes {statistics.median(frames):.1f}/s" if frames else ""))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()} | {
+            "cpu_flags": cpu_flags(), "cores": os.cpu_count()}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
