@@ -448,3 +448,20 @@ async def test_the_answer_is_saved_as_it_streams_and_shown_interrupted_after_a_c
         assert answer.finished and answer.status == "interrupted" and answer.text == "def add"
         assert "interrupted" in answer.query_one(SummaryLine).visual.plain
         assert History().messages(conversation)[-1].status == "interrupted"
+
+
+def test_chat_draws_in_the_settings_chooses_whether_the_app_yields_the_cpu():
+    from localspec import paths
+    from localspec.config import load_user_config
+    from localspec.errors import LocalspecError
+
+    settings = paths.ensure(paths.config_dir()) / "settings.yaml"
+    try:
+        assert create_app(provider=ScriptedProvider(), yield_cpu=None).yield_cpu is False  # smooth by default
+        settings.write_text("chat_draws: sparingly\n")
+        assert create_app(provider=ScriptedProvider(), yield_cpu=None).yield_cpu is True
+        settings.write_text("chat_draws: sometimes\n")
+        with pytest.raises(LocalspecError, match="chat_draws must be smooth or sparingly"):
+            load_user_config()
+    finally:
+        settings.unlink(missing_ok=True)
