@@ -82,7 +82,7 @@ def test_greedy_tokens_are_the_targets_argmax(smollm2_path, target, weak_draft, 
 
 def test_a_regenerated_greedy_answer_is_replayed_whole_by_llama_cpp(target):
     """The first answer is decoded one token at a time, the regeneration verified in batches (other
-    kernels, scripts/batch_noise.py): the replay of the recorded answer keeps it token for token. Priced
+    kernels, docs/findings.md): the replay of the recorded answer keeps it token for token. Priced
     by a CPU's verify costs, given (calibrated here, they follow whatever else the machine is doing, and
     so would the draft lengths)."""
     target.clear()  # (an engine calibrating would have emptied the cache the module's other engines left)

@@ -790,7 +790,7 @@ def test_verify_costs_are_measured_again_for_another_llama_cpp_build(tmp_path, m
     costs = calibrated_costs(rebuilt)
     assert first.decodes > 0 and again.decodes == 0          # the same build: from the cache
     assert rebuilt.decodes > 0 and 64 in costs                # another build: measured again, up to 64
-    # Flash attention changes how a verify batch's cost grows (scripts/attention_costs.py): off (the
+    # Flash attention changes how a verify batch's cost grows (docs/findings.md, "Flash attention"): off (the
     # `flash_attention: off` setting) is measured again.
     no_flash = Timed(gguf, "avx2")
     no_flash.options = ModelOptions(flash_attn=False)

@@ -41,7 +41,7 @@ def test_a_replayed_token_is_kept_within_the_kernels_noise_of_the_best_and_no_fu
     assert accept_replayed([2, 2, 2], choices, shortfall) == (2, 0)
     assert accept_replayed([2, 2], choices, shortfall) == (2, 0)
     assert accept_greedy([2, 2, 2], choices) == (0, 1)           # the strict rule stops at the tie
-    assert 0.16 < REPLAY_TOLERANCE < 1.0  # above scripts/batch_noise.py's largest shortfall, below a clear preference
+    assert 0.16 < REPLAY_TOLERANCE < 1.0  # above the largest shortfall measured (docs/findings.md), below a clear preference
 
 
 def test_only_a_context_alone_decides_a_replayable_answer():

@@ -94,7 +94,7 @@ def test_sampled_tree_rounds_keep_the_target_distribution():
 
 # A node that saw its sibling (or missed an ancestor) is off by 13-14 logits on this model; the order of
 # the cells a flash-attention pass sums moves one by up to ~0.6 (a kept leaf's cell lies after its
-# dropped sibling's), as other batch shapes do (scripts/batch_noise.py).
+# dropped sibling's), as other batch shapes do (docs/findings.md).
 SAME_ROW = 2.0
 EDIT_PROMPT = (
     "Rename the variable `total` to `acc` in this function and change nothing else:\n\n"

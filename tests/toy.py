@@ -4,7 +4,7 @@ Logits at a position depend on the two previous tokens through fixed random tabl
 a list of tokens; `decode` insists that it continues exactly where the cache ends, so any bookkeeping
 mistake in the engine fails loudly instead of silently using a wrong state. `batch_noise` moves the
 logits of calls that evaluate 4 or more positions a little, as llama.cpp's batched kernels do
-(scripts/batch_noise.py), so that near ties can flip between a verify batch and one-token decoding.
+(docs/findings.md), so that near ties can flip between a verify batch and one-token decoding.
 """
 
 from __future__ import annotations
