@@ -12,7 +12,9 @@ CATALOG = Path(__file__).resolve().parent / "models.yaml"
 class BuildWithCatalog(build_py):
     def run(self) -> None:
         super().run()
-        self.copy_file(str(CATALOG), str(Path(self.build_lib) / "localspec" / "models.yaml"))
+        target = Path(self.build_lib) / "localspec"
+        self.mkpath(str(target))  # (an editable install builds into an empty folder)
+        self.copy_file(str(CATALOG), str(target / "models.yaml"))
 
 
 setup(cmdclass={"build_py": BuildWithCatalog})
