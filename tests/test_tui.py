@@ -465,3 +465,28 @@ def test_chat_draws_in_the_settings_chooses_whether_the_app_yields_the_cpu():
             load_user_config()
     finally:
         settings.unlink(missing_ok=True)
+
+
+class SlowMaintenance(ScriptedEngine):
+    """Between answers the engine measures its costs until interrupted (as the real one may)."""
+
+    def maintain(self, interrupt=lambda: False) -> str:
+        deadline = time.monotonic() + 30
+        while not interrupt() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return ""
+
+
+async def test_the_next_prompt_interrupts_the_engines_work_between_answers():
+    """The engine's calls share one thread, so the work it does after an answer must give way to the
+    next prompt instead of holding it."""
+    app = make_app(ScriptedProvider(SlowMaintenance()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "one")
+        await until(pilot, lambda: not app.generating)
+        await pilot.pause(0.2)  # the engine's thread is in maintain() now
+        started = time.monotonic()
+        await send(pilot, "two")
+        await until(pilot, lambda: len(app.history.messages(app.conversation.id)) == 4 and not app.generating)
+        assert time.monotonic() - started < 5

@@ -105,6 +105,7 @@ class ChatApp(App):
     def open_engine(self, entry_id: str | None) -> None:
         """Load `entry_id` (or the first ready pair, or the default pair, pulling it first). The provider
         reads the catalog and the disk, or asks a server: off the event loop."""
+        self.chat.stop_answer()  # the engine's work between answers gives way: the load runs on its thread
         try:
             if entry_id is None:
                 ready = [c for c in self.provider.choices() if c.ready]

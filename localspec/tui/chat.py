@@ -250,6 +250,7 @@ class ChatScreen(Screen):
         s = self.chats.settings
         options = {"max_tokens": s.max_tokens, "sampling": s.sampling(), "drafter": s.drafter, "draft_len": s.draft_len}
         self.log_view.inbox.clear()
+        self.cancel.set()  # what the engine put off after the last answer (on its one thread) stops for this one
         self.cancel, self.worker_done = threading.Event(), threading.Event()
         self.stats.start(engine.baseline_tokens_per_s or self.stats.baseline)
         self._frames.resume()
