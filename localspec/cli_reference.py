@@ -2,7 +2,7 @@
 
     python -m localspec.cli_reference > docs/cli.md
 
-tests/test_cli_reference.py fails when the file and the help differ, so the reference cannot drift.
+tests/test_repository.py fails when the file and the help differ, so the reference cannot drift.
 """
 
 from __future__ import annotations

@@ -215,17 +215,19 @@ class ChatScreen(Screen):
 
     async def model_ready(self) -> None:
         """The app loaded a model: a message that waited for it goes now."""
-        if self.pending is not None:
-            text, self.pending = self.pending, None
-            await self.log_view.drop_waiting()
+        if (text := await self._take_pending()) is not None:
             await self._ask(text, remembered=True)
 
     async def model_failed(self) -> None:
         """The model did not load: a message that waited for it goes back into the prompt, unsent."""
-        if self.pending is not None:
-            text, self.pending = self.pending, None
-            await self.log_view.drop_waiting()
+        if (text := await self._take_pending()) is not None:
             self.prompt.load_text(text)
+
+    async def _take_pending(self) -> str | None:
+        text, self.pending = self.pending, None
+        if text is not None:
+            await self.log_view.drop_waiting()
+        return text
 
     async def _ask(self, text: str, remembered: bool = False) -> None:
         engine = self.model.engine
@@ -272,18 +274,20 @@ class ChatScreen(Screen):
                 await self._finish(event.text, status, event)
 
     async def _frame(self) -> None:
+        """Every FRAME_S while an answer streams: what the rounds since the last frame changed, drawn at
+        once; the answer saved now and then."""
         await self._take_events()
-        if self.generating:
-            self._draw_frame()
+        if not self.generating:
+            return
+        self._draw()
+        answer, now = self.log_view.current, time.monotonic()
+        if answer is not None and now - self._saved_at >= SAVE_EVERY_S:
+            self._saved_at = now
+            self.chats.save_partial(answer.text, answer.spans)
 
-    def _draw_frame(self) -> None:
-        """What the rounds since the last frame changed, drawn at once; the answer saved now and then."""
+    def _draw(self) -> None:
         self.log_view.draw()
         self.stats.draw()
-        answer = self.log_view.current
-        if answer is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
-            self._saved_at = time.monotonic()
-            self.chats.save_partial(answer.text, answer.spans)
 
     @on(ChatLog.Maintained)
     def _maintained(self, message: ChatLog.Maintained) -> None:
@@ -298,7 +302,7 @@ class ChatScreen(Screen):
 
     async def _finish(self, text: str, status: str, summary: Summary | None, error: str | None = None) -> None:
         self._frames.pause()
-        self._draw_frame()
+        self._draw()
         answer = self.log_view.current
         stored = summary.stored() if summary is not None else {"error": error} if error else {}
         self.chats.finish_answer(text, status, stored, answer.spans if answer else [])

@@ -106,13 +106,9 @@ class Conversations:
 
     def finish_answer(self, text: str, status: str, stats: dict, spans: list) -> None:
         """The answer as it ended (complete, cancelled or error), in place of what was saved as it streamed."""
-        if self.answer_id is not None:
-            self.history.update_message(self.answer_id, text, status=status, stats=stats,
-                                        spans=[list(s) for s in spans])
-            self.answer_id = None
-        elif self.current is not None:
-            self.history.add(self.current.id, "assistant", text, status=status, stats=stats,
-                             spans=[list(s) for s in spans])
+        assert self.answer_id is not None, "finish_answer without start_answer"
+        self.history.update_message(self.answer_id, text, status=status, stats=stats, spans=[list(s) for s in spans])
+        self.answer_id = None
 
     # ------------------------------------------------------------------ reading
 

@@ -27,7 +27,7 @@ class EngineThread:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
-        self.native_id: int = self._pool.submit(threading.get_native_id).result()
+        self._pool.submit(int).result()  # the thread starts now, not at the first call
 
     def run(self, fn: Callable[..., T], /, *args, **kwargs) -> T:
         """`fn(*args, **kwargs)` on the engine's thread; the caller waits (a worker thread, not the loop)."""

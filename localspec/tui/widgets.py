@@ -262,8 +262,7 @@ class ChatLog(VerticalScroll):
 
     async def start_answer(self, prompt: str) -> AssistantMessage:
         """The user's prompt and an empty answer that the next rounds fill."""
-        for welcome in self.query("#welcome"):
-            await welcome.remove()
+        await self._drop_welcome()
         answer = AssistantMessage()
         answer.show_rejected = self.show_rejected
         await self.mount_all([UserMessage(prompt), answer])
@@ -273,11 +272,14 @@ class ChatLog(VerticalScroll):
 
     async def show_waiting(self, prompt: str) -> None:
         """A message sent before the model is ready, shown as waiting for it."""
-        for welcome in self.query("#welcome"):
-            await welcome.remove()
+        await self._drop_welcome()
         await self.mount_all([UserMessage(prompt, id="waiting-prompt"),
                               Static("waiting for the model to load…", id="waiting", classes="summary")])
         self.scroll_end(animate=False)
+
+    async def _drop_welcome(self) -> None:
+        for welcome in self.query("#welcome"):
+            await welcome.remove()
 
     async def drop_waiting(self) -> None:
         for widget in self.query("#waiting-prompt, #waiting"):
