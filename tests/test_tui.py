@@ -40,7 +40,7 @@ def make_app(provider=None, **kwargs):
 def live_text(app) -> str:
     """What the streaming answer's live block shows (drawn at the screen's frame rate)."""
     answer = app.log_view.current
-    return answer.query_one(".live").visual.plain if answer is not None and answer.query(".live") else ""
+    return answer.query_one(".live").content.plain if answer is not None and answer.query(".live") else ""
 
 
 async def send(pilot, text):
@@ -61,7 +61,7 @@ async def test_answer_streams_with_accepted_and_rejected_spans_styled():
         # first round: "def " accepted, nothing rejected, "add" from the target
         assert answer.spans == [(sp.ACCEPTED, "def "), (sp.TARGET, "add")]
         live = answer.query_one(".live")
-        content = live.visual
+        content = live.content
         styles = {content.plain[s.start:s.end]: str(s.style) for s in content.spans}
         assert styles["def "] == sp.STYLES[sp.ACCEPTED]
         hold.set()
@@ -90,11 +90,30 @@ async def test_the_stats_panel_says_whether_the_answer_is_decoded_with_other_req
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.engine is not None)
         await send(pilot, "write add")
-        await until(pilot, lambda: "model · " in str(app.stats.query_one("#stats-numbers").visual))
-        shown = str(app.stats.query_one("#stats-numbers").visual)
+        await until(pilot, lambda: "model · " in app.stats.query_one("#stats-numbers").content.plain)
+        shown = app.stats.query_one("#stats-numbers").content.plain
         hold.set()
         await until(pilot, lambda: not app.generating)
     assert ("decoded  with 2 other requests" if shared else "decoded  alone") in shown
+
+
+async def test_the_log_follows_a_long_answer_until_the_user_scrolls_up():
+    steps = [(f"line {i} ", "", "of the answer\n") for i in range(80)]
+    app = make_app(ScriptedProvider(ScriptedEngine(steps=steps, delay=0.03)))
+    async with app.run_test(size=(80, 30)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "a long one")
+        log = app.log_view
+        await until(pilot, lambda: live_text(app).count("\n") >= 30)
+        await pilot.pause(0.15)  # a frame and its layout
+        assert 0 < log.max_scroll_y and log.scroll_y == log.max_scroll_y  # the latest lines are on screen
+        log.scroll_to(y=0, animate=False)  # the user scrolls up to read
+        await until(pilot, lambda: live_text(app).count("\n") >= 50)
+        await pilot.pause(0.15)
+        assert log.scroll_y == 0 < log.max_scroll_y
+        await until(pilot, lambda: not app.generating, timeout=10)
+        await pilot.pause(0.15)
+        assert log.scroll_y == 0  # the finished answer leaves the user where they read
 
 
 async def test_hiding_rejected_tokens_rerenders_the_stream():
@@ -105,9 +124,9 @@ async def test_hiding_rejected_tokens_rerenders_the_stream():
         await send(pilot, "x")
         await until(pilot, lambda: live_text(app))
         live = app.log_view.current.query_one(".live")
-        assert "WRONG" in live.visual.plain
+        assert "WRONG" in live.content.plain
         await pilot.press("ctrl+t")
-        assert "WRONG" not in live.visual.plain and live.visual.plain == "ab"
+        assert "WRONG" not in live.content.plain and live.content.plain == "ab"
         hold.set()
         await until(pilot, lambda: not app.generating)
 

@@ -90,7 +90,7 @@ async def first_round_shown(pilot):
     await pilot.press("enter")
     deadline = time.monotonic() + 10
     while not (app.log_view.current and app.log_view.current.query(".live")
-               and app.log_view.current.query_one(".live").visual.plain):
+               and app.log_view.current.query_one(".live").content.plain):
         assert time.monotonic() < deadline, "the first round was never shown"
         await pilot.pause(0.02)
     app.stats.display = False

@@ -255,6 +255,7 @@ class ChatScreen(Screen):
         self.cancel.set()  # what the engine put off after the last answer (on its one thread) stops for this one
         self.cancel, self.worker_done = threading.Event(), threading.Event()
         self.stats.start(engine.baseline_tokens_per_s or self.stats.baseline)
+        self.prompt.cursor_blink = False  # a blink is a repaint of its own, between the frames
         self._frames.resume()
         self.log_view.generate(engine, messages, options, self.cancel, self.worker_done, run_on=self.run_engine)
 
@@ -302,6 +303,7 @@ class ChatScreen(Screen):
 
     async def _finish(self, text: str, status: str, summary: Summary | None, error: str | None = None) -> None:
         self._frames.pause()
+        self.prompt.cursor_blink = True
         self._draw()
         answer = self.log_view.current
         stored = summary.stored() if summary is not None else {"error": error} if error else {}
@@ -310,8 +312,8 @@ class ChatScreen(Screen):
             answer.content = text
             await answer.finish(summary, status, error)
         self.log_view.current = None
+        self.log_view.answer_shown()
         self.generating = False
-        self.log_view.follow()
         self.post_message(self.AnswerFinished())
 
     def action_cancel(self) -> None:

@@ -59,24 +59,19 @@ def render(spans: list[Span], show_rejected: bool = True) -> Content:
     return Content.assemble(*parts)
 
 
-def split_frozen(spans: list[Span], min_chars: int) -> tuple[list[Span], list[Span]]:
-    """Cut a streaming block at its last newline once it holds `min_chars` characters.
-
-    The head is final and never re-rendered; the tail keeps streaming. Keeps the work per token
-    proportional to the current paragraph, not to the whole answer.
-    """
-    if sum(len(t) for _, t in spans) < min_chars:
-        return [], spans
+def split_at_last_line(spans: list[Span], show_rejected: bool = True) -> tuple[list[Span] | None, list[Span]]:
+    """Cut at the last newline shown: (the finished lines, without that newline; the line being written).
+    No later token changes how the finished lines look. None: no line is finished yet."""
     for i in range(len(spans) - 1, -1, -1):
         kind, text = spans[i]
-        if kind == REJECTED:
+        if kind == REJECTED and not show_rejected:
             continue
         cut = text.rfind("\n")
         if cut != -1:
-            head = spans[:i] + ([(kind, text[: cut + 1])])
-            tail = [(kind, text[cut + 1:])] if text[cut + 1:] else []
-            return head, tail + spans[i + 1:]
-    return [], spans
+            head = spans[:i] + ([(kind, text[:cut])] if text[:cut] else [])
+            tail = ([(kind, text[cut + 1:])] if text[cut + 1:] else []) + spans[i + 1:]
+            return head, tail
+    return None, spans
 
 
 def as_markdown(text: str) -> str:

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, cast
+from typing import Callable
 
 from textual import events, on, work
 from textual.binding import Binding
@@ -15,30 +15,17 @@ from textual.content import Content
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import ListItem, ListView, Label, Markdown, Sparkline, Static, TextArea
+from textual.widgets import ListItem, ListView, Label, Markdown, Static, TextArea
 
 from localspec.engine.events import Prefill, Round, Summary, Tally
 from localspec.errors import LocalspecError
 from localspec.history import MessageRow
 from localspec.tui import spans as sp
+from localspec.tui.rows import RateSparkline, Rows, StreamingBlock
 
-if TYPE_CHECKING:
-    from textual.css.styles import RulesMap
-
-FREEZE_AT = 600  # characters in the live block before its finished lines are frozen
 # While an answer streams, what it changes on screen is drawn at most this often, however many rounds
 # arrive: every repaint takes CPU time from llama.cpp's threads, which wait for each other at every op.
 FRAME_S = 1 / 10
-
-
-def update_in_place(widget: Static, content: Content) -> None:
-    """`Static.update`, with a layout pass only when the content takes another number of lines at the
-    widget's width: a layout pass arranges every widget on the screen, while most updates of a streaming
-    answer or of the numbers beside it keep their height."""
-    region = widget.content_region
-    rules = cast("RulesMap", widget.styles)  # (Textual's own widgets measure content with their styles)
-    same = region.width > 0 and content.get_height(rules, region.width) == region.height
-    widget.update(content, layout=not same)
 
 
 class PromptInput(TextArea):
@@ -156,9 +143,8 @@ class AssistantMessage(Vertical):
         self.status = status
         self.error = error
         self.content = content
-        self._live_spans: list[sp.Span] = []
-        self._live: Static | None = None
-        self._changed = False
+        self._unshown: list[sp.Span] = []
+        self._live: StreamingBlock | None = None
         self.show_rejected = True
 
     def compose(self):
@@ -166,7 +152,7 @@ class AssistantMessage(Vertical):
             yield Markdown(sp.as_markdown(self.text), classes="answer")
             yield SummaryLine(self.summary, self.status, self.error)
         else:
-            self._live = Static("", classes="block live")
+            self._live = StreamingBlock(self.show_rejected)
             yield self._live
 
     @property
@@ -176,29 +162,18 @@ class AssistantMessage(Vertical):
     def add(self, new: list[sp.Span]) -> None:
         """A round's spans; shown at the next `draw`."""
         sp.merge(self.spans, list(new))
-        sp.merge(self._live_spans, list(new))
-        self._changed = True
+        self._unshown += new
 
     def draw(self) -> None:
-        """Show what was added since the last draw: only the live block is rendered again, and it holds
-        the current paragraph (finished lines are frozen into blocks never rendered again)."""
-        if not self._changed or self._live is None:
-            return
-        self._changed = False
-        frozen, self._live_spans = sp.split_frozen(self._live_spans, FREEZE_AT)
-        if frozen:
-            block = Static(sp.render(frozen, self.show_rejected), classes="block")
-            block.spans = frozen  # type: ignore[attr-defined]
-            self.mount(block, before=self._live)
-        update_in_place(self._live, sp.render(self._live_spans, self.show_rejected))
+        """Show what was added since the last draw."""
+        if self._unshown and self._live is not None:
+            self._live.append(self._unshown)
+        self._unshown = []
 
     def set_show_rejected(self, show: bool) -> None:
         self.show_rejected = show
-        if self.finished:
-            return
-        for block in self.query(".block").results(Static):
-            spans = self._live_spans if block is self._live else getattr(block, "spans", [])
-            block.update(sp.render(spans, show))
+        if self._live is not None:
+            self._live.set_show_rejected(show)
 
     async def finish(self, summary: Summary | None, status: str, error: str | None = None) -> None:
         self.finished, self.summary, self.status, self.error = True, summary, status, error
@@ -328,11 +303,16 @@ class ChatLog(VerticalScroll):
         """Show the rounds added since the last draw (the screen calls it at most every FRAME_S)."""
         if self.current is not None:
             self.current.draw()
-            self.follow()
+            if not self.is_anchored and self.max_scroll_y > 0:
+                # From the moment the answer fills the log, the log stays at its end (unless the user
+                # scrolls up to read): the scroll is set in the layout pass that makes room for new rows.
+                self.anchor()
 
-    def follow(self) -> None:
-        """Stay at the bottom while the answer grows, unless the user scrolled up to read."""
-        if self.max_scroll_y - self.scroll_y <= 3:
+    def answer_shown(self) -> None:
+        """The answer is finished: the log follows its last layout, then stays where the user leaves it."""
+        following = self.max_scroll_y - self.scroll_y <= 3
+        self.anchor(False)
+        if following:
             self.scroll_end(animate=False, immediate=False)
 
 
@@ -364,15 +344,15 @@ class StatsPanel(Vertical):
         self._positions_shown: tuple | None = None
 
     def compose(self):
-        yield Static("", id="stats-numbers")
+        yield Rows(id="stats-numbers")
         yield Label("tokens/s over the answer", classes="caption")
-        yield Sparkline([], id="stats-spark")
+        yield RateSparkline(id="stats-spark")
         yield Label("accepted by draft position", classes="caption")
-        yield Static("", id="stats-positions")
+        yield Rows(id="stats-positions")
         yield Static(self._legend(), id="stats-legend")
 
     def on_mount(self) -> None:
-        self.query_one("#stats-numbers", Static).tooltip = (
+        self.query_one("#stats-numbers", Rows).tooltip = (
             "plain: what plain decoding of this target runs at on this answer's tokens - the rounds that "
             "drafted nothing, timed in this session at a similar context length ('plain est': not measured "
             "yet, the one-token cost timed at load). speedup: the time plain decoding would have taken over "
@@ -391,7 +371,7 @@ class StatsPanel(Vertical):
         self._reset()
         self.baseline = baseline
         self.started = time.perf_counter()
-        self.query_one("#stats-spark", Sparkline).data = []
+        self.query_one("#stats-spark", RateSparkline).data = []
         self.refresh_numbers()
 
     def add(self, event: Prefill | Round | Summary) -> None:
@@ -426,7 +406,7 @@ class StatsPanel(Vertical):
         """Show what `add` changed since the last draw (the screen calls it at most every FRAME_S)."""
         if self._changed:
             self._changed = False
-            self.query_one("#stats-spark", Sparkline).data = self.history[-120:]
+            self.query_one("#stats-spark", RateSparkline).data = self.history[-120:]
             self.refresh_numbers()
 
     def show_stored(self, summary: Summary) -> None:
@@ -452,35 +432,36 @@ class StatsPanel(Vertical):
         speedup = self.speedup
         rate = t.accepted / t.drafted if t.drafted else 0.0
         per_round = t.accepted / t.drafting_rounds if t.drafting_rounds else 0.0
-        lines = Content.assemble(
-            ("now      ", "dim"), f"{self.tokens_per_s:6.1f} tok/s\n",
-            ("plain    " if self.measured else "plain est", "dim"), f"{self.baseline:6.1f} tok/s\n",
-            ("1st token", "dim"), (f"{self.first_token_s:6.2f} s\n" if self.first_token_s else "     — \n"),
-            ("speedup  ", "dim"), (f"{speedup:6.2f}×\n" if speedup else "     — \n",
-                                   "bold $text-success" if speedup >= 1 else "bold"),
-            ("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}\n",
-            ("per round", "dim"), f"{per_round:6.2f} tokens\n",
-            ("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted\n",
-            ("decoded  ", "dim"), (f"with {self.shared} other request{'s' if self.shared > 1 else ''}\n"
-                                   if self.shared else "alone\n"),
-            ("setting  ", "dim"), self.drafter_label or "—",
-        )
-        update_in_place(self.query_one("#stats-numbers", Static), lines)
+        self.query_one("#stats-numbers", Rows).show([
+            (("now      ", "dim"), f"{self.tokens_per_s:6.1f} tok/s"),
+            (("plain    " if self.measured else "plain est", "dim"), f"{self.baseline:6.1f} tok/s"),
+            (("1st token", "dim"), f"{self.first_token_s:6.2f} s" if self.first_token_s else "     — "),
+            (("speedup  ", "dim"), (f"{speedup:6.2f}×" if speedup else "     — ",
+                                    "bold $text-success" if speedup >= 1 else "bold")),
+            (("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}"),
+            (("per round", "dim"), f"{per_round:6.2f} tokens"),
+            (("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted"),
+            (("decoded  ", "dim"), f"with {self.shared} other request{'s' if self.shared > 1 else ''}"
+                                   if self.shared else "alone"),
+            (("setting  ", "dim"), self.drafter_label or "—"),
+        ])
         positions = (tuple(t.kept_at), tuple(t.tried_at))
         if positions != self._positions_shown:  # they change only in rounds that drafted
             self._positions_shown = positions
-            update_in_place(self.query_one("#stats-positions", Static), position_bars(t.kept_at, t.tried_at))
+            self.query_one("#stats-positions", Rows).show(position_lines(t.kept_at, t.tried_at))
 
 
-def position_bars(kept: list[int], tried: list[int], width: int = 12, rows: int = 8) -> Content:
+def position_lines(kept: list[int], tried: list[int], width: int = 12, rows: int = 8) -> list[tuple]:
+    """Each draft position's share kept, as a bar: one line's parts per position."""
     if not tried:
-        return Content.styled("(no drafts yet)", "dim")
-    parts: list = []
-    for i, (k, n) in enumerate(zip(kept[:rows], tried[:rows]), 1):
-        rate = k / n if n else 0.0
-        full = round(rate * width)
-        parts += [f"{i:>2} ", ("█" * full, "$text-success"), ("░" * (width - full), "dim"), f" {rate:4.0%}\n"]
-    return Content.assemble(*parts).rstrip()
+        return [(("(no drafts yet)", "dim"),)]
+    return [(f"{i:>2} ", ("█" * round(k / n * width if n else 0), "$text-success"),
+             ("░" * (width - round(k / n * width if n else 0)), "dim"), f" {k / n if n else 0.0:4.0%}")
+            for i, (k, n) in enumerate(zip(kept[:rows], tried[:rows]), 1)]
+
+
+def position_bars(kept: list[int], tried: list[int]) -> Content:
+    return Content("\n").join(Content.assemble(*line) for line in position_lines(kept, tried))
 
 
 class ConversationList(ListView):
