@@ -6,7 +6,8 @@
     rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
     flash_attention: auto          # auto: llama.cpp's choice; on / off
     chat_draws: smooth             # smooth: the chat app redraws 10 times a second; sparingly: it draws only on
-                                   # what llama.cpp leaves of the CPU (faster answers, fewer frames on small machines)
+                                   # what llama.cpp leaves of the CPU (faster answers, fewer frames on small machines;
+                                   # chat --connect always draws so, at full rate)
     chat:
       temperature: 0.0
       max_tokens: 1024

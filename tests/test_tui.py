@@ -473,10 +473,13 @@ def test_chat_draws_in_the_settings_chooses_whether_the_app_yields_the_cpu():
     from localspec import paths
     from localspec.config import load_user_config
     from localspec.errors import LocalspecError
+    from localspec.tui.remote import RemoteProvider
 
     settings = paths.ensure(paths.config_dir()) / "settings.yaml"
     try:
         assert create_app(provider=ScriptedProvider(), yield_cpu=None).yield_cpu is False  # smooth by default
+        # a client of a server always yields: its drawing never waits on the engine's thread
+        assert create_app(provider=RemoteProvider(paths.server_socket()), yield_cpu=None).yield_cpu is True
         settings.write_text("chat_draws: sparingly\n")
         assert create_app(provider=ScriptedProvider(), yield_cpu=None).yield_cpu is True
         settings.write_text("chat_draws: sometimes\n")

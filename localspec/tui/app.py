@@ -219,10 +219,13 @@ def create_app(entry_id: str | None = None, *, drafter: str | None = None, provi
                n_gpu_layers: int | None = None, no_history_drafts: bool = False,
                placement: dict | None = None, yield_cpu: bool | None = False) -> ChatApp:
     """The chat app, wired to local models unless a provider is given (tests script one). `yield_cpu`
-    None: as the user's settings say (`chat_draws`)."""
+    None: as the user's settings say (`chat_draws`); a client of a server (`chat --connect`) always yields,
+    as its drawing does not wait on the engine's thread."""
+    from localspec.tui.remote import RemoteProvider
+
     config = config or load_user_config()
     if yield_cpu is None:
-        yield_cpu = config.chat_draws == "sparingly"
+        yield_cpu = config.chat_draws == "sparingly" or isinstance(provider, RemoteProvider)
     return ChatApp(
         provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts),
                                   placement=placement, flash_attn=config.flash_attn()),
