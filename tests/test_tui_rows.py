@@ -20,9 +20,11 @@ WORDS = ["def", "tally(items):", "\n", "    count", "=", "0", "\n\n", "for", "it
 
 
 def rows_text(widget, height: int) -> list[list[tuple]]:
-    """Each row as the cells it shows: (character, style), however the row is cut into segments."""
+    """Each row as the cells it shows: (character, style), however the row is cut into segments (the
+    positions a selection reads are left out: these widgets are not for selecting)."""
     rows = widget.render_lines(Region(0, 0, widget.size.width, height))
-    return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in rows]
+    return [[(ch, seg.style and seg.style.clear_meta_and_links()) for seg in strip for ch in seg.text]
+            for strip in rows]
 
 
 class Side(App):

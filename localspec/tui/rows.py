@@ -22,27 +22,12 @@ from localspec.tui import spans as sp
 LIVE_ROWS_STEP = 8
 
 
-def from_line(strips: list[Strip], line: int) -> list[Strip]:
-    """Rows wrapped from text that starts at this line of the widget's content: the positions they carry
-    for selecting text with the mouse are moved there (wrapping counts lines from 0)."""
-    if not line:
-        return strips
-    moved = []
-    for strip in strips:
-        segments = []
-        for text, style, control in strip:
-            if style is not None and (offset := style.meta.get("offset")) is not None:
-                style = style + RichStyle.from_meta({"offset": (offset[0], offset[1] + line)})
-            segments.append(Segment(text, style, control))
-        moved.append(Strip(segments, strip.cell_length))
-    return moved
-
-
 class StreamingBlock(Widget):
     """An answer while it streams. Finished lines are wrapped once and kept; a frame wraps only the line
     being written and repaints only the rows that changed. The height grows LIVE_ROWS_STEP rows at a time."""
 
     DEFAULT_CSS = "StreamingBlock { height: auto; }"
+    ALLOW_SELECT = False  # while it streams; the finished answer (Markdown) is selectable
 
     def __init__(self, show_rejected: bool = True):
         super().__init__(classes="block live")
@@ -50,7 +35,6 @@ class StreamingBlock(Widget):
         self.show_rejected = show_rejected
         self._tail: list[sp.Span] = []      # the line being written
         self._rows: list[Strip] = []        # the finished lines, wrapped at `_width`
-        self._lines = 0                     # how many lines are finished
         self._tail_rows: list[Strip] = []
         self._width = 0
         self._height = 1
@@ -69,8 +53,8 @@ class StreamingBlock(Widget):
             first = len(self._rows)
             finished, self._tail = sp.split_at_last_line(self._tail, self.show_rejected)
             if finished is not None:
-                self._add_finished(finished)
-            self._tail_rows = self._wrap(self._tail, self._lines)
+                self._rows += self._wrap(finished)
+            self._tail_rows = self._wrap(self._tail)
             self._repaint(first)
 
     def set_show_rejected(self, show: bool) -> None:
@@ -93,26 +77,17 @@ class StreamingBlock(Widget):
     def _rebuild(self, width: int | None = None) -> None:
         self._width = self.size.width if width is None else width
         finished, self._tail = sp.split_at_last_line(list(self.spans), self.show_rejected)
-        self._rows, self._lines = [], 0
-        if finished is not None:
-            self._add_finished(finished)
-        self._tail_rows = self._wrap(self._tail, self._lines)
+        self._rows = self._wrap(finished) if finished is not None else []
+        self._tail_rows = self._wrap(self._tail)
         if width is None:
             self._repaint(0)
         else:
             self._height = self._rows_height(len(self._rows) + len(self._tail_rows))
 
-    def _add_finished(self, spans: list[sp.Span]) -> None:
-        """Lines that no later token changes (the newline after them dropped)."""
-        self._rows += self._wrap(spans, self._lines)
-        self._lines += sum(text.count("\n") for kind, text in spans
-                           if self.show_rejected or kind != sp.REJECTED) + 1
-
-    def _wrap(self, spans: list[sp.Span], line: int) -> list[Strip]:
+    def _wrap(self, spans: list[sp.Span]) -> list[Strip]:
         if self._width <= 0:
             return []
-        content = sp.render(spans, self.show_rejected)
-        return from_line(Visual.to_strips(self, content, self._width, None, self.visual_style), line)
+        return Visual.to_strips(self, sp.render(spans, self.show_rejected), self._width, None, self.visual_style)
 
     def _repaint(self, first: int) -> None:
         """Repaint from row `first` on; arrange the screen again only when the rows outgrow the height."""
