@@ -52,6 +52,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import random
 import statistics
 import sys
 
@@ -78,7 +80,7 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
     engine = load(entry, n_ctx=2048)
     vocab = engine.target.vocab
     data = {"eos": vocab.eos, "control": [t for t in range(vocab.n_tokens) if vocab.is_control(t)],
-            "verify_s": {}, "answers": []}
+            "verify_s": {}, "answers": [], "max_tokens": max_tokens}
     greedy = SamplingSettings(temperature=0)
     conversations: list[tuple[str, str, list[dict]]] = []  # (id, suite, messages before the recorded answer)
     earlier: dict[str, list[list[int]]] = {}  # a session's earlier requests (prompt and answer), as history holds them
@@ -92,18 +94,21 @@ def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_fil
                 conversations.append((session.id, session.kind,
                                       next_messages(session.requests[1], conversation, [first])))
     else:
-        if prompts_file:
-            with open(prompts_file, encoding="utf-8") as f:
-                prompts = parse_prompts(f.read())
+        if prompts_file:  # one file or several, comma-separated: each its own suite
+            prompts = []
+            for name in prompts_file.split(","):
+                with open(os.path.expanduser(name), encoding="utf-8") as f:
+                    prompts += parse_prompts(f.read())
         else:
             prompts = load_suites(suites)
         conversations = [(p.id, p.suite, [{"role": "user", "content": p.text}]) for p in prompts]
-    for ident, suite, messages in conversations:
+    for done, (ident, suite, messages) in enumerate(conversations):
         events = list(engine.chat(messages, max_tokens=max_tokens, sampling=greedy, drafter="none"))
         data["answers"].append({"id": ident, "suite": suite, "prompt": engine.chat_tokens(messages),
                                 "answer": answer_tokens(events), "ended": events[-1].stop_reason == "eog",
                                 "earlier": earlier.get(ident, [])})
-        print(f"{ident}: {len(data['answers'][-1]['answer'])} tokens", file=sys.stderr)
+        print(f"{ident}: {len(data['answers'][-1]['answer'])} tokens ({done + 1} of {len(conversations)})",
+              file=sys.stderr)
     data["verify_s"] = measure_costs(engine.target, context_tokens=200, repeats=3)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(data, f)
@@ -150,17 +155,19 @@ def record_draft(entry: str, recorded: str) -> None:
 
 
 def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
-           plan_on_truth: bool = False) -> dict[str, list[float]]:
+           plan_on_truth: bool = False, bounded: bool = True) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
     round's chain grown into a tree within that much more than the chain's verify cost (replay_trees).
     `one_position`: rounds of one position cost that share of the recorded table's (the table's bias that
     `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
-    one with `plan_on_truth`."""
+    one with `plan_on_truth`. `bounded` False: without the bound on what a request's drafts may lose
+    (engine/loss_bound.py), as the planner was before it."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
     copies = CopyDrafter(control.__contains__, OpeningDrafter())
-    drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False)
+    drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False,
+                        loss_bound=bounded)
     price = CostModel(dict(truth))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
@@ -172,7 +179,7 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
                 history.index.add(text)
             history.recording = False
             drafting.drafters = [copies, history]
-        planner = drafting.planner(item["prompt"], "auto")
+        planner = drafting.planner(item["prompt"], "auto", budget=data.get("max_tokens", 512))
         truth = truth_of(data, item)
         context, seconds = list(item["prompt"]), 0.0
         planner.remaining = lambda: len(truth) - (len(context) - len(item["prompt"]))  # (as its answer counts)
@@ -193,6 +200,31 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
                 break
         speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / seconds)
     return speedups
+
+
+def median_interval(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 90% bootstrap interval of the median."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
+
+
+def report(label: str, data: dict, speedups: dict[str, list[float]], floor: float = 0.95) -> None:
+    """Per suite and for all answers: the median with its interval, the worst prompt, how many fall
+    below `floor`."""
+    ids: dict[str, list[str]] = {}
+    for item in data["answers"]:
+        ids.setdefault(item["suite"], []).append(item["id"])
+    groups = dict(speedups)
+    groups["all"] = [v for values in speedups.values() for v in values]
+    named = {suite: list(zip(ids[suite], values)) for suite, values in speedups.items()}
+    named["all"] = [pair for pairs in named.values() for pair in pairs]
+    for suite, values in groups.items():
+        low, high = median_interval(values)
+        worst_id, worst = min(named[suite], key=lambda pair: pair[1])
+        below = sum(v < floor for v in values)
+        print(f"{label:10} {suite:16} median {statistics.median(values):.3f}x ({low:.3f}-{high:.3f})  worst "
+              f"{worst:.3f}x ({worst_id})  {below} of {len(values)} below {floor:.2f}x")
 
 
 def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
@@ -290,6 +322,10 @@ def main() -> None:
     rep.add_argument("--age-bound", action="store_true", help="also print the best fixed draft length per copy "
                      "age class, chosen with hindsight: a yardstick for pricing copies by age")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
+    rep.add_argument("--unbounded", action="store_true", help="also replay the planner without the bound on "
+                     "what a request's drafts may lose (engine/loss_bound.py)")
+    rep.add_argument("--report", action="store_true", help="per suite and for all answers: the median with a "
+                     "90%% bootstrap interval, the worst prompt and how many fall below 0.95x")
     rep.add_argument("--gpu-table", action="store_true", help="price the bounds and the model drafts at a "
                      "GPU's shape of costs (replay_trees.GPU_SHAPE) instead of the recorded one")
     rep.add_argument("--model-drafts", type=float, nargs="?", const=0.0, default=None, metavar="RATIO",
@@ -318,15 +354,22 @@ def main() -> None:
         data = json.load(f)
     if args.costs:
         with open(args.costs, encoding="utf-8") as f:
-            data["verify_s"] = json.load(f)["verify_s"]
+            other = json.load(f)
+        # a recording's table, or a bench result's (benchmarks/results/bench-*.json keeps it in milliseconds)
+        data["verify_s"] = other.get("verify_s") or {n: ms / 1000 for n, ms in other["meta"]["verify_ms"].items()}
     one = float(data["verify_s"]["1"])
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    runs += [("unbounded", replay(data, bounded=False))] if args.unbounded else []
     runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
     if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
         runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),
                  (f"one x{args.one_position:g}, true", replay(data, one_position=args.one_position,
                                                              plan_on_truth=True))]
+    if args.report:
+        for label, speedups in runs:
+            report(label, data, speedups)
+        runs = []
     for label, speedups in runs:
         for suite, values in speedups.items():
             print(f"{label:8} {suite:10} median {statistics.median(values):.3f}x  "
