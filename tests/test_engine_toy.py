@@ -10,7 +10,6 @@ from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
-from localspec.engine.drafters import Draft, Drafter, Offer
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
 from toy import CpuScript, RecurrentToy, TWO_TOKEN_TOY, ToyBlock, ToyHead, ToyModel, exact_two_tokens, step_until_done, submit_one
@@ -975,44 +974,3 @@ def test_only_a_request_that_drafted_with_the_draft_model_changes_its_record():
     assert engine.drafter("model").acceptance is record
     list(engine.generate([0, 5, 9, 11], max_tokens=10))  # a perfect, cheap draft model: it drafts
     assert engine.drafter("model").acceptance is not record
-
-
-STEEP = {1: 1.0, 2: 1.9, 3: 2.4, 4: 3.0, 6: 4.6, 8: 7.2, 12: 7.6, 16: 8.1}  # a CPU's verify costs
-
-
-def _priced(rounds, cost):
-    """The rounds' time at the cost table's prices (the toy's own timings say nothing)."""
-    return sum(cost.verify(1 + (r.candidates or r.drafted)) for r in rounds)
-
-
-class BrokenCopies(Drafter):
-    """A copy source the planner believes in (fifteen tokens, each all but certain) that is wrong from its
-    first token every time: the worst case a lookup can be."""
-
-    name = "ngram"
-
-    def offer(self, context, room, plan):
-        tokens = [999] * min(15, room)
-        return Offer(len(tokens), 1e9, Draft(tokens=tokens, source=self.name), [0.99] * len(tokens))
-
-
-@pytest.mark.parametrize("bounded", [True, False])
-def test_copies_that_always_break_cost_at_most_the_bound_over_plain(bounded):
-    """Bounded (engine/loss_bound.py), an answer whose every draft is wrong takes at most LOSS_SHARE of its
-    plain time over plain decoding plus START_TOKENS plain tokens, at the verify costs of a CPU; without
-    the bound the same bets cost several times plain."""
-    from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS
-
-    cost = CostModel(dict(STEEP))
-    engine = Engine(ToyModel(n_vocab=1000, seed=6), None, EngineOptions(drafter="auto", learn_costs=False), cost=cost)
-    engine.drafting.drafters = [BrokenCopies()]
-    engine.drafting.loss_bound = bounded
-    events = list(engine.generate([0, 5, 9, 11], max_tokens=150))
-    rounds = [e for e in events if isinstance(e, Round)]
-    assert _tokens(events) == _plain([0, 5, 9, 11], 150, model=ToyModel(n_vocab=1000, seed=6))
-    assert any(r.rejected for r in rounds)  # it did bet, and lost
-    plain_s = len(_tokens(events)) * cost.verify(1)
-    limit = (1 + LOSS_SHARE) * plain_s + START_TOKENS * cost.verify(1)
-    assert (_priced(rounds, cost) <= limit) == bounded
-    if bounded:  # its first bet, before anything broke, as long as the bound allows for a 150-token budget
-        assert next(r.drafted for r in rounds if r.drafted) == 7

@@ -23,7 +23,6 @@ from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
 from localspec.engine.events import TokenLogprob
 from localspec.engine.kv import KvSequence, extend_together
-from localspec.engine.loss_bound import LossBound
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
 from localspec.engine.tree import DraftTree, accept_greedy_tree, accept_sampled_tree
 
@@ -264,7 +263,6 @@ class Drafting:
     probing: Probing = field(default_factory=Probing)
     promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
     queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
-    loss_bound: bool = True  # each request's drafts cut to what it may still lose (engine/loss_bound.py)
 
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
                 replayable: bool = False) -> "Planner":
@@ -299,7 +297,6 @@ class Planner:
         # Answer tokens the request may still produce: its answer counts them (Core.add binds
         # Answer.remaining); a planner outside the core prices by its plan's whole budget.
         self.remaining: Callable[[], int] = lambda: plan.budget
-        self.bound = LossBound(plan.budget) if drafting.loss_bound else None
 
     @property
     def mode(self) -> str:
@@ -357,20 +354,11 @@ class Planner:
             if probe is None:
                 return Draft.empty()
             name, turn, offer = probe
-        length = self._bounded(offer)
-        if length == 0:
-            return Draft.empty()
         if offer.draft is not None:
-            offer.draft.tokens = offer.draft.tokens[:length]
+            offer.draft.tokens = offer.draft.tokens[:offer.length]
             return offer.draft
         probing.since_tried[name] = 0
-        return turn.draft(context, length, sampler)
-
-    def _bounded(self, offer: Offer) -> int:
-        """The offer's length, cut to what this request's drafts may still lose (engine/loss_bound.py)."""
-        if self.bound is None or self.fixed_len is not None or offer.draft is not None and offer.draft.exact:
-            return offer.length
-        return self.bound.longest(self.cost, offer.length)
+        return turn.draft(context, offer.length, sampler)
 
     def shared_offer(self, context: list[int], room: int, grammar: Constraint | None = None) -> tuple[Draft, list[float]]:
         """For a step shared with other requests: the lookup proposal with the most expected tokens and
@@ -422,13 +410,6 @@ class Planner:
         not what `batch_n` positions of one sequence cost)."""
         if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
-        if self.bound is not None:
-            produced, one = accepted + (token is not None), self.cost.verify(1)
-            if learn_cost:  # (costs given, not learnt: the round is priced as the planner priced it)
-                seconds = (verify_s if self.drafting.learn_costs else self.cost.verify(batch_n)) + draft.seconds
-                self.bound.observe(produced, seconds, bool(draft.tokens), one)
-            else:  # a step shared with other requests: its time is not this request's
-                self.bound.observe(produced, produced * one, False, one)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)
 
