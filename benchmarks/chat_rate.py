@@ -5,7 +5,9 @@
 
 Each repeat answers the prompt with `localspec run` and with the real `localspec chat` in a real terminal
 (tmux, 160x45), in-process and `--connect`ed to a `localspec serve`, the order rotated from repeat to
-repeat; greedy, drafting history off, a fresh conversation each time. Both rates are the engine's own
+repeat; greedy, drafting history off, a fresh conversation each time. With `--connect` in the modes, a
+client without a screen (`bare`: the app's own client code, reading the same stream) answers too: what
+the server path alone leaves of `run`'s rate, so that the app's share of `--connect`'s cost shows. Both rates are the engine's own
 summary (generated tokens over the answer's wall time): `run` prints it, the chat stores it with the
 answer. While the chat streams, the app's CPU is sampled: its main thread (the UI's event loop) in
 process, the whole client process with `--connect`. `--frames` also counts how often the screen changed
@@ -69,6 +71,28 @@ def run_rate(entry: str, env: dict, max_tokens: int) -> float:
     if out.returncode != 0:
         raise SystemExit(f"localspec run failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.splitlines()[-1])["tokens_per_s"]
+
+
+def bare_rate(env: dict, max_tokens: int) -> dict:
+    """The chat's request through the app's client code, without the app: the server path's own rate."""
+    out = subprocess.run([sys.executable, __file__, "--bare-client", "--max-tokens", str(max_tokens)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"the bare client failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def bare_client(max_tokens: int) -> None:
+    from localspec.engine.sampling import SamplingSettings
+    from localspec.tui.remote import RemoteProvider
+
+    engine = RemoteProvider().load("")
+    summary = None
+    for summary in engine.chat([{"role": "user", "content": PROMPT}], max_tokens=max_tokens,
+                               sampling=SamplingSettings(temperature=0.0), drafter="auto"):
+        pass
+    engine.close()
+    print(json.dumps({"tokens_per_s": summary.tokens_per_s, "tokens": summary.generated_tokens}))
 
 
 def answer_row(db: Path) -> tuple[str, dict] | None:
@@ -142,12 +166,17 @@ def main() -> None:
                     help="the chat app's settings.yaml `chat_draws` (sparingly: it yields the CPU to the engine)")
     ap.add_argument("--frames", action="store_true", help="count the screen's changes per second mid-answer")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--bare-client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.bare_client:
+        bare_client(args.max_tokens)
+        return
     if shutil.which("tmux") is None:
         raise SystemExit("tmux is needed (setup.sh --with-editor-tools installs it)")
     home = own_home(args.max_tokens, args.draws)
     env = {**os.environ, "LOCALSPEC_HOME": str(home)}
     modes = args.modes.split(",")
+    sides = ["run", *modes, *(["bare"] if "connect" in modes else [])]
     server = None
     if "connect" in modes:
         server = subprocess.Popen([str(EXE), "serve", args.entry, "--no-history-drafts", "--port", "0", "--slots", "1",
@@ -160,11 +189,11 @@ def main() -> None:
     rows = []
     try:
         for i in range(args.repeat):
-            sides = ["run", *modes]
-            sides = sides[i % len(sides):] + sides[:i % len(sides)]
-            for side in sides:
+            for side in sides[i % len(sides):] + sides[:i % len(sides)]:
                 if side == "run":
                     got = {"tokens_per_s": run_rate(args.entry, env, args.max_tokens)}
+                elif side == "bare":
+                    got = bare_rate(env, args.max_tokens)
                 else:
                     got = chat_rate(args.entry, env, home, side == "connect", args.frames)
                 rows.append({"repeat": i, "side": side, **got})
@@ -176,12 +205,16 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)
     plain = statistics.median(r["tokens_per_s"] for r in rows if r["side"] == "run")
     print(f"\n`localspec run`: {plain:.1f} tok/s (median of {args.repeat})")
+    if "bare" in sides:
+        bare = statistics.median(r["tokens_per_s"] for r in rows if r["side"] == "bare")
+        print(f"a client without a screen over `serve` (bare): {bare:.1f} tok/s = {bare / plain:.3f}x run")
     for mode in modes:
         mine = [r for r in rows if r["side"] == mode]
         rate = statistics.median(r["tokens_per_s"] for r in mine)
         cpu = statistics.median(r["app_cpu"] for r in mine if r["app_cpu"] is not None)
         frames = [r["screen_changes_per_s"] for r in mine if r["screen_changes_per_s"] is not None]
-        print(f"`localspec chat` {mode}: {rate:.1f} tok/s = {rate / plain:.3f}x run; the app's "
+        versus_bare = f" ({rate / bare:.3f}x bare)" if mode == "connect" and "bare" in sides else ""
+        print(f"`localspec chat` {mode}: {rate:.1f} tok/s = {rate / plain:.3f}x run{versus_bare}; the app's "
               f"{'main thread' if mode == 'in-process' else 'process'} {cpu:.1%} of a core"
               + (f"; screen changes {statistics.median(frames):.1f}/s" if frames else ""))
     if args.json:
