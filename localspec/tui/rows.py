@@ -22,7 +22,39 @@ from localspec.tui import spans as sp
 LIVE_ROWS_STEP = 8
 
 
-class StreamingBlock(Widget):
+class WrappedRows(Widget):
+    """Rows wrapped at the widget's width and kept, drawn by `render_line`: wrapped again when the width,
+    the theme or the CSS changes (the rows hold the styles they were drawn with)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._width = 0
+
+    def on_resize(self) -> None:
+        if self._width != self.size.width:
+            self._rebuild()
+
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.notify_style_update())
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._rebuild()
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:
+            self._rebuild(width)
+        return self._content_rows()
+
+    def _rebuild(self, width: int | None = None) -> None:
+        """Wrap every row again at `width` (None: the widget's, and repaint)."""
+        raise NotImplementedError
+
+    def _content_rows(self) -> int:
+        raise NotImplementedError
+
+
+class StreamingBlock(WrappedRows):
     """An answer while it streams. Finished lines are wrapped once and kept; a frame wraps only the line
     being written and repaints only the rows that changed. The height grows LIVE_ROWS_STEP rows at a time."""
 
@@ -36,7 +68,6 @@ class StreamingBlock(Widget):
         self._tail: list[sp.Span] = []      # the line being written
         self._rows: list[Strip] = []        # the finished lines, wrapped at `_width`
         self._tail_rows: list[Strip] = []
-        self._width = 0
         self._height = 1
 
     @property
@@ -59,19 +90,6 @@ class StreamingBlock(Widget):
 
     def set_show_rejected(self, show: bool) -> None:
         self.show_rejected = show
-        self._rebuild()
-
-    def on_resize(self) -> None:
-        if self._width != self.size.width:
-            self._rebuild()
-
-    def on_mount(self) -> None:
-        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.notify_style_update())
-
-    def notify_style_update(self) -> None:
-        """The rows hold the styles they were drawn with: after a change of theme or CSS they are
-        wrapped again."""
-        super().notify_style_update()
         self._rebuild()
 
     def _rebuild(self, width: int | None = None) -> None:
@@ -104,9 +122,7 @@ class StreamingBlock(Widget):
     def _rows_height(rows: int) -> int:
         return max(1, -(-rows // LIVE_ROWS_STEP) * LIVE_ROWS_STEP)
 
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if width != self._width:
-            self._rebuild(width)
+    def _content_rows(self) -> int:
         return self._height
 
     def render_line(self, y: int) -> Strip:
@@ -117,7 +133,7 @@ class StreamingBlock(Widget):
         return Strip.blank(self.size.width, self.visual_style.rich_style)
 
 
-class Rows(Widget):
+class Rows(WrappedRows):
     """Lines of text that change a few at a time (the panel's numbers): a frame renders and repaints only
     the lines that changed."""
 
@@ -128,7 +144,6 @@ class Rows(Widget):
         super().__init__(id=id)
         self._lines: list[tuple] = []          # each line's parts, as `Content.assemble` takes them
         self._rows: list[list[Strip]] = []     # each line wrapped at `_width`
-        self._width = 0
 
     @property
     def content(self) -> Content:
@@ -152,19 +167,6 @@ class Rows(Widget):
         if moved:  # a line took another number of rows: the ones below it move
             self.refresh(layout=True)
 
-    def on_resize(self) -> None:
-        if self._width != self.size.width:
-            self._rebuild()
-
-    def on_mount(self) -> None:
-        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.notify_style_update())
-
-    def notify_style_update(self) -> None:
-        """The rows hold the styles they were drawn with: after a change of theme or CSS they are
-        wrapped again."""
-        super().notify_style_update()
-        self._rebuild()
-
     def _rebuild(self, width: int | None = None) -> None:
         self._width = self.size.width if width is None else width
         self._rows = [self._wrap(line) for line in self._lines]
@@ -176,9 +178,7 @@ class Rows(Widget):
             return []
         return Visual.to_strips(self, Content.assemble(*line), self._width, None, self.visual_style)
 
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if width != self._width:
-            self._rebuild(width)
+    def _content_rows(self) -> int:
         return sum(map(len, self._rows))
 
     def render_line(self, y: int) -> Strip:

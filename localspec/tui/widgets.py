@@ -455,9 +455,12 @@ def position_lines(kept: list[int], tried: list[int], width: int = 12, rows: int
     """Each draft position's share kept, as a bar: one line's parts per position."""
     if not tried:
         return [(("(no drafts yet)", "dim"),)]
-    return [(f"{i:>2} ", ("█" * round(k / n * width if n else 0), "$text-success"),
-             ("░" * (width - round(k / n * width if n else 0)), "dim"), f" {k / n if n else 0.0:4.0%}")
-            for i, (k, n) in enumerate(zip(kept[:rows], tried[:rows]), 1)]
+    lines = []
+    for i, (k, n) in enumerate(zip(kept[:rows], tried[:rows]), 1):
+        rate = k / n if n else 0.0
+        full = round(rate * width)
+        lines.append((f"{i:>2} ", ("█" * full, "$text-success"), ("░" * (width - full), "dim"), f" {rate:4.0%}"))
+    return lines
 
 
 def position_bars(kept: list[int], tried: list[int]) -> Content:
