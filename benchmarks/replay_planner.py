@@ -53,7 +53,6 @@ import argparse
 import itertools
 import json
 import os
-import random
 import statistics
 import sys
 
@@ -66,6 +65,7 @@ from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.speculative import Drafting
+from common import median_interval
 from replay_trees import GPU_SHAPE, bounds, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
 
 
@@ -198,13 +198,6 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
                 break
         speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / seconds)
     return speedups
-
-
-def median_interval(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """A 90% bootstrap interval of the median."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
 
 
 def report(label: str, data: dict, speedups: dict[str, list[float]], floor: float = 0.95) -> None:
