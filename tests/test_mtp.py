@@ -178,6 +178,38 @@ def test_serve_answers_with_the_head_drafting(mtp_gguf):
     assert drafted == plain and drafts > 0 and none == 0
 
 
+def test_a_server_with_several_slots_loads_the_head_and_answers_two_chats_at_once(mtp_gguf):
+    """The head's context holds as many sequences as the target (llama.cpp reserves an output row for
+    each): with 2 slots it loads, and two chats asking for the head at once answer as each does alone."""
+    import threading
+
+    import httpx
+
+    from servers import serving
+
+    questions = ["Count: one two three", "Name three colours"]
+
+    def ask(server, question, into=None):
+        body = {"model": "mtp", "messages": [{"role": "user", "content": question}], "max_tokens": 16,
+                "temperature": 0, "drafter": "mtp", "draft_len": 3}
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        text = response.json()["choices"][0]["message"]["content"]
+        if into is not None:
+            into[question] = text
+        return text
+
+    with serving(mtp_gguf, "mtp", 2048, slots=2) as server:
+        alone = {q: ask(server, q) for q in questions}
+        together: dict[str, str] = {}
+        threads = [threading.Thread(target=ask, args=(server, q, together)) for q in questions]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert together == alone
+
+
 @pytest.mark.anyio
 async def test_the_chat_app_drafts_with_the_head(mtp_gguf):
     import time

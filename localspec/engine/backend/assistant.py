@@ -66,7 +66,8 @@ class Gemma4Assistant(BesideTarget):
     def _open(self, target: Model, cparams=None) -> None:
         cparams = self._context_params(target)
         cparams.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP  # (llama.cpp makes a draft-mtp context so)
-        cparams.n_outputs_max = 1  # one draft token a call
+        # one draft token a call (the mirror takes no logits); llama.cpp reserves a row per sequence
+        cparams.n_outputs_max = max(1, cparams.n_seq_max)
         super()._open(target, cparams)
 
     # ------------------------------------------------------------------ following the target

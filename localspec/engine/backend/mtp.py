@@ -54,7 +54,8 @@ class MtpHead:
         cparams.n_batch = cparams.n_ubatch = L.llama_n_batch(target_ctx)  # a whole mirrored chunk
         cparams.n_seq_max = L.llama_n_seq_max(target_ctx)
         cparams.kv_unified = kv_unified
-        cparams.n_outputs_max = 1  # one draft token a call; the mirror takes no logits
+        # one draft token a call (the mirror takes no logits); llama.cpp reserves a row per sequence
+        cparams.n_outputs_max = max(1, cparams.n_seq_max)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.flash_attn_type = attention_type
         cparams.no_perf = True
