@@ -18,7 +18,7 @@ from pathlib import Path
 from localspec.engine import backend
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.adaptive import CostModel
-from localspec.engine.calibration import measure_costs
+from localspec.engine.measuring import measure_costs
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import answer_tokens
 

@@ -21,7 +21,7 @@ import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 from localspec.bench.estimate import QWEN35_MTP, Published, estimate
 from localspec.engine import backend
 from localspec.engine.adaptive import CostModel
-from localspec.engine.calibration import filler, measure_costs, stream_cost
+from localspec.engine.measuring import filler, measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4)
 

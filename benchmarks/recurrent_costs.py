@@ -19,7 +19,7 @@ import time
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
-from localspec.engine.calibration import filler, measure_costs, stream_cost
+from localspec.engine.measuring import filler, measure_costs, stream_cost
 
 SIZES = (1, 2, 3, 4, 6, 8, 9, 12, 16)
 

@@ -59,7 +59,7 @@ import sys
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine.adaptive import CostModel, free_positions
-from localspec.engine.calibration import measure_costs
+from localspec.engine.measuring import measure_costs
 from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of

@@ -22,7 +22,7 @@ from collections import defaultdict
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
-from localspec.engine.calibration import CALIBRATION_SIZES, measure_costs
+from localspec.engine.measuring import CALIBRATION_SIZES, measure_costs
 
 
 def main() -> None:

@@ -364,7 +364,7 @@ def test_a_lazy_draft_catches_up_only_when_the_rest_of_the_answer_repays_it():
 
 def test_the_longest_drafts_are_lengths_the_planner_can_choose():
     """Lengths are chosen where the verify batch (k + 1 positions) was calibrated: the limits must be such lengths."""
-    from localspec.engine.calibration import CALIBRATION_SIZES
+    from localspec.engine.measuring import CALIBRATION_SIZES
     from localspec.engine.drafters import CopyDrafter, HistoryDrafter, ModelDrafter
 
     for drafter in (CopyDrafter, HistoryDrafter, ModelDrafter):
@@ -802,7 +802,7 @@ def test_a_slow_spell_at_calibration_does_not_distort_the_cost_shape():
     """Right after a load (RPC workers still warming up) decoding can run slow for a while: a size
     measured only then would look dearer than it is against the others, and drafts would be chosen by
     a wrong shape. Each repeat passes over every size, so every size gets a settled measurement."""
-    from localspec.engine.calibration import measure_costs
+    from localspec.engine.measuring import measure_costs
 
     settled = {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}
 

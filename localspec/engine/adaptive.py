@@ -13,66 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-@dataclass
-class CostModel:
-    """Seconds to verify a batch of n positions on the target: the calibrated cost of each batch size,
-    times a speed factor learned from real rounds.
-
-    The rule: the calibration gives the shape (how much dearer 4 positions are than 1), which is what
-    draft lengths are chosen by; real rounds move one factor for every size alike, because the
-    machine's speed drifts (another process, thermal limits, a cached calibration from a quieter hour)
-    for all sizes at once. Per-size learning would let the sizes in use drift while unused ones kept
-    stale figures and looked cheap (tests/test_engine_toy.py: a slower machine moves every size alike).
-    """
-
-    verify_s: dict[int, float]  # the calibration; real rounds move `scale`, never these
-    alpha: float = 0.05  # weight of a new observation in the speed factor
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        # Never cheaper for a larger batch, never dearer for a smaller one: one slow calibration sample
-        # cannot make a batch size look dearer than larger ones. Derived once: verify() is on the hot path.
-        self._table: dict[int, float] = {}
-        lowest = math.inf
-        for m in sorted(self.verify_s, reverse=True):
-            lowest = min(lowest, self.verify_s[m])
-            self._table[m] = lowest
-
-    def verify(self, n: int) -> float:
-        """Interpolated over the calibrated table, times the learned speed factor."""
-        return self.scale * self._interpolate(n, self._table)
-
-    @staticmethod
-    def _interpolate(n: int, table: dict[int, float]) -> float:
-        if n in table:  # every length a draft is chosen at (best_length): no sorting on the hot path
-            return table[n]
-        sizes = sorted(table)
-        if n <= sizes[0]:
-            return table[sizes[0]] * n / sizes[0]
-        if n >= sizes[-1]:
-            return table[sizes[-1]] * n / sizes[-1]  # past the largest size measured: no cheaper per position
-        i = bisect.bisect_left(sizes, n)
-        a, b = sizes[i - 1], sizes[i]
-        t = (n - a) / (b - a)
-        return table[a] * (1 - t) + table[b] * t
-
-    def recalibrate(self, verify_s: dict[int, float], scale: float = 1.0) -> None:
-        """A new calibration (engine.calibration.Calibrator.remeasure) replaces the table in place:
-        every drafter prices with this object."""
-        self.verify_s = dict(verify_s)
-        self.scale = scale
-        self.__post_init__()
-
-    def observe(self, n: int, seconds: float) -> None:
-        # A stall (another process, a page fault) is not what a batch costs: one round moves the factor
-        # by at most a few percent.
-        ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
-        self.scale *= ratio ** self.alpha
-
-    @property
-    def plain_tokens_per_s(self) -> float:
-        return 1.0 / self.verify(1)
-
+from localspec.engine.costs import CostModel
 
 # A candidate tree fills verify positions that cost at most this much more than its chain's alone: the
 # staircase of verify costs (12 positions at 8's price on some CPUs, up to 32-64 nearly free on a GPU)
@@ -357,15 +298,19 @@ def margin_for(samples: float) -> float:
 
 
 def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
-                margin: float = 0.02, draft_fixed_s: float = 0.0) -> tuple[int, float]:
+                margin: float = 0.02, draft_fixed_s: float = 0.0, one_off: bool = False) -> tuple[int, float]:
     """(k, expected tokens per second) maximizing throughput over k = 0..len(rates); k = 0 (plain
     decoding) unless the best draft promises `margin` over it. A draft of k tokens costs
     `draft_fixed_s + k * draft_per_token_s` (a block drafter's pass costs the same for any k).
 
     Only lengths whose verify batch (k + 1 positions) was measured are chosen: between measured sizes
     the cost is not smooth (on a CPU a batch can cost more than a larger one), so an
-    interpolated price can be far off in either direction."""
-    plain = 1.0 / cost.verify(1)
+    interpolated price can be far off in either direction. Verifies are priced as this round would pay
+    (`CostModel.price`): where a change of batch shape costs, keeping the shape held is cheaper, plain
+    decoding included, and a draft that fills the held shape's positions costs no more than a shorter one.
+    `one_off`: a lookup's draft, which does not go on round after round as a model's does, leaves the
+    shape held for one round and pays the way back (`CostModel.detour`)."""
+    plain = 1.0 / cost.price(1)
     best_k, best_rate = 0, plain
     expected, run = 1.0, 1.0  # expected_tokens(rates[:k]), summed as k grows
     for k, a in enumerate(rates, start=1):
@@ -373,7 +318,8 @@ def best_length(rates: list[float], cost: CostModel, draft_per_token_s: float,
         expected += run
         if k + 1 not in cost.verify_s:
             continue
-        rate = expected / (draft_fixed_s + k * draft_per_token_s + cost.verify(k + 1))
+        verify = cost.detour(k + 1) if one_off else cost.price(k + 1)
+        rate = expected / (draft_fixed_s + k * draft_per_token_s + verify)
         if rate > best_rate:
             best_k, best_rate = k, rate
     if best_rate < plain * (1 + margin):

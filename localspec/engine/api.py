@@ -51,7 +51,8 @@ class Engine:
         # The target's verify costs: given (tests), or calibrated (trusted cache, or measured now and
         # measured again between requests while untrusted or contradicted: engine/calibration.py).
         self.calibrator = None if cost is not None else Calibrator(target, self.options.calibrate)
-        self.cost = cost or CostModel(verify_s=dict(self.calibrator.current.costs if self.calibrator else {}))
+        steady, changed = self.calibrator.current.tables() if self.calibrator else ({}, None)
+        self.cost = cost or CostModel(verify_s=steady, changed_s=changed)
         self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
         self._drafters: list[Drafter] = build(Sources(

@@ -18,7 +18,6 @@ with and without another llama.cpp process decoding.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
@@ -30,14 +29,10 @@ from pathlib import Path
 from typing import Callable
 
 from localspec import paths
+from localspec.engine.costs import WARM_VERIFIES
 from localspec.engine.cpu_load import CpuSample, cpu_sample, cpu_usage, others_busy_now
+from localspec.engine.measuring import CALIBRATION_SIZES, costs_of, measure, spread_of
 from localspec.engine.model import LanguageModel
-
-# Verify batch sizes measured at load, up to the most logits rows one decode returns
-# (backend.MAX_LOGITS_PER_CALL). Past 16 a batch costs about as much per position as 16 do on a CPU,
-# so only a copy that is nearly sure to be kept whole drafts that long: a regenerated answer drafted
-# from history.
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 # Trust thresholds.
 # Each size's median pass over its fastest, the median over sizes: one slow pass in three (a spell of
@@ -62,6 +57,12 @@ SHORT_CONTEXT = 512
 SCALE_DRIFT = 1.5
 SCALE_DRIFT_ROUNDS = 64
 RETRY_AFTER_S = 60.0     # wait before measuring again after an untrusted remeasurement
+# A change of batch shape is priced (CostModel.changed_s) where it costs at least this share of one
+# position. On a GPU ggml-cuda captures a graph per shape; on a CPU llama.cpp reuses the graph it built
+# while the shape holds, which matters for small models only (docs/gpu.md, "Steady shapes"), so there
+# only the small sizes most verifies have are measured again.
+SHAPE_NOISE = 0.25
+STEADY_CPU_SIZES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,24 @@ class Calibration:
     cpu_share: float | None = None    # None: not decoded on this CPU (GPU, RPC), or not measured
     others_busy: float | None = None  # None: the system's CPU use cannot be read here
     problem: str = ""                 # why it is not trusted; "" when it is
+    # Each size again after verifies of its own shape (on a CPU the small sizes only, STEADY_CPU_SIZES):
+    # `costs` are what a size costs right after the shape changed (`measure`'s sizes in turn).
+    steady: dict[int, float] | None = None
 
     @property
     def trusted(self) -> bool:
         return not self.problem
+
+    def tables(self) -> tuple[dict[int, float], dict[int, float] | None]:
+        """(steady costs, costs after a change of shape), as CostModel takes them; (costs, None) where a
+        change costs less than SHAPE_NOISE of a position at every size measured both ways."""
+        if not self.steady:
+            return dict(self.costs), None
+        steady = {n: min(self.steady.get(n, c), c) for n, c in self.costs.items()}
+        change = max((self.costs[n] - steady[n] for n in self.steady if n in self.costs), default=0.0)
+        if change < SHAPE_NOISE * self.smallest[1]:
+            return dict(self.costs), None
+        return steady, dict(self.costs)
 
     @property
     def smallest(self) -> tuple[int, float]:
@@ -94,6 +109,7 @@ class Calibration:
     def to_json(self) -> dict:
         data = asdict(self)
         data["costs"] = {str(k): v for k, v in self.costs.items()}
+        data["steady"] = None if self.steady is None else {str(k): v for k, v in self.steady.items()}
         return data
 
     @classmethod
@@ -104,9 +120,12 @@ class Calibration:
             return None
         try:
             costs = {int(k): float(v) for k, v in data["costs"].items()}
+            steady = data.get("steady")
+            steady = {int(k): float(v) for k, v in steady.items()} if isinstance(steady, dict) else None
             return cls(costs=costs, measured_at=float(data.get("measured_at", 0.0)), passes=int(data.get("passes", 0)),
                        spread=float(data.get("spread", 1.0)), cpu_share=_opt_float(data.get("cpu_share")),
-                       others_busy=_opt_float(data.get("others_busy")), problem=str(data.get("problem", "")))
+                       others_busy=_opt_float(data.get("others_busy")), problem=str(data.get("problem", "")),
+                       steady=steady)
         except (TypeError, ValueError):
             return None
 
@@ -121,108 +140,6 @@ class Calibration:
 
 def _opt_float(value) -> float | None:
     return None if value is None else float(value)
-
-
-# ----------------------------------------------------------------------------- measuring
-
-
-class Interrupted(Exception):
-    """A measurement given up because a request arrived."""
-
-
-def filler(n_vocab: int, n: int) -> list[int]:
-    """n ordinary token ids spread over the vocabulary: a context whose content does not matter to a cost."""
-    return [(17 + 31 * i) % max(n_vocab - 1, 1) + 1 for i in range(n)]
-
-
-def measure(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 3,
-            clock: Callable[[], float] = time.perf_counter, prefill: bool = False,
-            interrupt: Callable[[], bool] = lambda: False) -> dict[int, list[float]]:
-    """Seconds of each pass at each size: decoding n positions (logits for all; `prefill`: for the last
-    only, as a prompt or a draft model's catch-up asks) after a short context; the cache is left empty.
-
-    Each repeat is a pass over every size, so a slow spell (RPC workers warming up after the load,
-    another process) slows every size of one pass rather than one size's repeats. `interrupt` is
-    asked between sizes; when it says so, Interrupted is raised (the cache is emptied first)."""
-    # A recurrent state drops at most the positions of its last decode but the first (kv.py): after each
-    # batch it keeps that one, as a verify keeps the token it started from, and the context grows by one.
-    recurrent = model.max_rollback is not None  # (None: a KV cache drops any positions)
-    growth = (repeats * len(sizes) + 2) if recurrent else 0
-    tokens = filler(model.n_vocab, context_tokens + growth + max(sizes))
-    fits = [n for n in sizes if context_tokens + growth + n <= model.n_ctx]
-    passes: dict[int, list[float]] = {n: [] for n in fits}
-    base = context_tokens
-
-    def go_back() -> None:
-        nonlocal base
-        keep = base + 1 if recurrent else base
-        held = model.truncate(keep)
-        if held < keep:  # gone back to a checkpoint (no snapshots): the rest again, with the last logits, whose
-            # reading waits for a GPU's asynchronous decode (the next size's clock must not time it)
-            model.decode(tokens[held:keep], held, [keep - held - 1])
-        base = keep
-
-    try:
-        model.truncate(0)
-        model.decode(tokens[:context_tokens], 0, [context_tokens - 1])
-        model.decode(tokens[base:base + 1], base, [0])  # warm-up: one position
-        go_back()
-        if fits:  # and the largest batch (the first pass after a load was the slow one at the large sizes)
-            n = max(fits)
-            model.decode(tokens[base:base + n], base, [n - 1] if prefill else list(range(n)))
-            go_back()
-        for _ in range(repeats):
-            for n in fits:
-                if interrupt():
-                    raise Interrupted
-                batch = tokens[base:base + n]
-                t0 = clock()
-                model.decode(batch, base, [n - 1] if prefill else list(range(n)))
-                passes[n].append(clock() - t0)
-                go_back()
-    finally:
-        model.truncate(0)
-    return passes
-
-
-def stream_cost(model, context_tokens: int = 48, tokens: int = 24,
-                clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median seconds of one position decoded right after another, as plain decoding does: no rollback
-    between them and one batch shape, where every pass of `measure` goes back and changes the shape first
-    (on a GPU the two are apart: docs/gpu.md, "Hybrid targets and MTP heads"). The cache is left empty."""
-    context = filler(model.n_vocab, context_tokens + tokens)
-    times = []
-    try:
-        model.truncate(0)
-        model.decode(context[:context_tokens], 0, [context_tokens - 1])
-        for i in range(context_tokens, context_tokens + tokens):
-            t0 = clock()
-            model.decode([context[i]], i, [0])
-            times.append(clock() - t0)
-    finally:
-        model.truncate(0)
-    return statistics.median(times[2:] or times)
-
-
-def costs_of(passes: dict[int, list[float]]) -> dict[int, float]:
-    """Each size at the least it took in any pass; a smaller batch never costs more than a larger one."""
-    costs = {n: min(times) for n, times in passes.items() if times}
-    lowest = math.inf
-    for n in sorted(costs, reverse=True):
-        lowest = costs[n] = min(costs[n], lowest)
-    return costs
-
-
-def measure_costs(model, sizes=CALIBRATION_SIZES, context_tokens: int = 48, repeats: int = 3,
-                  clock: Callable[[], float] = time.perf_counter, prefill: bool = False) -> dict[int, float]:
-    """`measure`, reduced to one cost per size (`costs_of`): for scripts that need no verdict."""
-    return costs_of(measure(model, sizes, context_tokens, repeats, clock, prefill))
-
-
-def spread_of(passes: dict[int, list[float]]) -> float:
-    """How far the passes disagree (MAX_SPREAD): each size's median pass over its fastest, median over sizes."""
-    ratios = [statistics.median(t) / min(t) for t in passes.values() if len(t) > 1 and min(t) > 0]
-    return statistics.median(ratios) if ratios else 1.0
 
 
 def assess(spread: float, cpu_share: float | None, others_busy: float | None, passes: int) -> str:
@@ -255,9 +172,13 @@ def take(model, sizes=CALIBRATION_SIZES, repeats: int = 3, prefill: bool = False
     share, others = cpu_usage(before, after, threads, os.cpu_count() or 1)
     cpu_share = share if on_this_cpu(model) else None
     spread = spread_of(passes)
+    steady = None
+    if not prefill:
+        shapes = sizes if not on_this_cpu(model) else [n for n in sizes if n in STEADY_CPU_SIZES]
+        steady = costs_of(measure(model, shapes, repeats=1, interrupt=interrupt, clock=clock, steady=WARM_VERIFIES))
     return Calibration(costs=costs_of(passes), measured_at=now(), passes=repeats, spread=spread,
                        cpu_share=cpu_share, others_busy=others,
-                       problem=assess(spread, cpu_share, others, repeats))
+                       problem=assess(spread, cpu_share, others, repeats), steady=steady)
 
 
 # ----------------------------------------------------------------------------- the cache

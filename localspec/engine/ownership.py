@@ -13,7 +13,8 @@ import threading
 from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
-from localspec.engine.calibration import Calibrator, Interrupted
+from localspec.engine.calibration import Calibrator
+from localspec.engine.measuring import Interrupted
 from localspec.engine.request import Request
 from localspec.errors import LocalspecError
 
@@ -99,5 +100,6 @@ def remeasure_when_quiet(calibrator: Calibrator | None, cost: CostModel, ownersh
                 reset_measured()
     if fresh is None:
         return ""
-    cost.recalibrate(fresh.costs, calibrator.reference_scale)
+    steady, changed = fresh.tables()
+    cost.recalibrate(steady, calibrator.reference_scale, changed)
     return f"measured the target's verify costs again: {why}"

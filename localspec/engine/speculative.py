@@ -84,14 +84,24 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
         planner.observe(proposal.draft, chain_kept, step.verify_s, 1 + len(tree), step.token)
         return step
     try:
-        batch = proposal.batch(context)
+        batch = padded(proposal.batch(context), planner.cost, room)
         t0 = time.perf_counter()
         logits = extend_together([(target, batch, len(batch))])[0]  # (the engine's one decode of a step)
         step = settle(target, context, proposal, logits, sampler, time.perf_counter() - t0, constraint)
     finally:
         proposal.close()
-    planner.observe(proposal.draft, step.accepted, step.verify_s, len(proposal.draft.tokens) + 1, step.token)
+    planner.observe(proposal.draft, step.accepted, step.verify_s, len(batch), step.token)
     return step
+
+
+def padded(batch: list[int], cost: CostModel, room: int) -> list[int]:
+    """The verify batch padded up to the shape held where that is cheaper than changing it
+    (`CostModel.shape_for`; never on a CPU): the pad repeats the last token, after every row that is
+    read, so no read row sees it, and the rollback after the round drops it with the rejected draft."""
+    size = cost.shape_for(len(batch))
+    if size <= len(batch) or size - 1 > room:
+        return batch
+    return batch + [batch[-1]] * (size - len(batch))
 
 
 @dataclass
@@ -332,6 +342,7 @@ class Planner:
         plan = self.plan
         for _name, turn in self.active:
             turn.prefill(context, plan)
+        self.cost.decoded(0)  # (the prompt's chunks: another batch shape)
 
     def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
         """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
@@ -390,10 +401,14 @@ class Planner:
         return offer.rate < (1 + PLAIN_PROBE_GAIN) / self.cost.verify(1) and wanted(context_len)
 
     def _probe(self, context: list[int], plan: Plan) -> tuple[str, Turn, Offer] | None:
-        """A one-token probe by the drafter tried least recently, when the wait is over; or None."""
+        """A one-token probe by the drafter tried least recently, when the wait is over; or None. Where a
+        change of batch shape costs, the wait is longer by what a probe's detour costs there, except
+        right after the prompt, where the shape changes whatever is decoded (a new prompt is also
+        where a drafter's acceptance may have moved)."""
         probing = self.drafting.probing
         probing.waited += 1
-        if probing.waited < probing.wait:
+        after_prompt = self.cost.changed_s is not None and self.cost.shape == 0
+        if probing.waited < probing.wait * self.cost.detour_factor() and not after_prompt:
             return None
         candidates = [(probing.since_tried.get(n, 10**9), i, n, t, o) for i, (n, t) in enumerate(self.active)
                       if (o := t.probe(context, plan)) is not None]  # never tried: first
@@ -410,6 +425,7 @@ class Planner:
         not what `batch_n` positions of one sequence cost)."""
         if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
+        self.cost.decoded(batch_n if learn_cost else 0)  # (a shared step's batch: another shape)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)
 

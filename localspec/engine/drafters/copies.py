@@ -57,7 +57,7 @@ class CopyTurn(Turn):
         if openings is not None and plan.fixed_len is None:
             opening, rates = openings.propose(context, cap, self.conversation, self.prompt_len)
             if opening.tokens:
-                offers.append(Offer(*best_length(rates, plan.cost, 0.0), opening, rates))
+                offers.append(Offer(*best_length(rates, plan.cost, 0.0, one_off=True), opening, rates))
         return max(offers, key=lambda o: (o.length > 0, o.rate)) if offers else None
 
     def _price(self, proposal: Draft, plan: Plan) -> Offer:
@@ -67,7 +67,8 @@ class CopyTurn(Turn):
         copy = copy_of(proposal)
         copies = self.acceptance[copy.from_prompt]
         rates = copies.rates(copy.age, len(proposal.tokens))
-        return Offer(*best_length(rates, plan.cost, 0.0, margin_for(copies.evidence(copy.age))), proposal, rates)
+        return Offer(*best_length(rates, plan.cost, 0.0, margin_for(copies.evidence(copy.age)), one_off=True),
+                     proposal, rates)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         copy = copy_of(draft)

@@ -103,7 +103,8 @@ class GrammarDrafter(Drafter):
             return Offer(len(tokens), float("inf"), draft)
         # The prior is a measurement (above), so it counts as samples: a forced draft is not a guess.
         chances = self.acceptance.rates(len(tokens))
-        length, rate = best_length(chances, plan.cost, 0.0, margin_for(self.acceptance.samples + PRIOR_STRENGTH))
+        length, rate = best_length(chances, plan.cost, 0.0, margin_for(self.acceptance.samples + PRIOR_STRENGTH),
+                                   one_off=True)
         return Offer(length, rate, draft, chances)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:

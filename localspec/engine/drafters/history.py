@@ -40,7 +40,7 @@ class HistoryDrafter(Drafter):
     where a variant must not draft from another variant's answer to the same prompt)."""
 
     name = "history"
-    max_len = 63  # a regenerated answer is kept whole: a verify batch of 64 (calibration.CALIBRATION_SIZES)
+    max_len = 63  # a regenerated answer is kept whole: a verify batch of 64 (measuring.CALIBRATION_SIZES)
     min_len = 3
     save_every_s = 10.0
 
@@ -156,7 +156,7 @@ class HistoryTurn(Turn):
             return Offer(len(tokens), float("inf"), draft)
         longest = min(len(tokens), max(drafter.min_len, 2 * age))
         rates = [r * c for r, c in zip(self.acceptance.rates(age, longest), chances)]
-        k, rate = best_length(rates, plan.cost, 0.0, margin_for(self.acceptance.samples(age)))
+        k, rate = best_length(rates, plan.cost, 0.0, margin_for(self.acceptance.samples(age)), one_off=True)
         return Offer(k, rate, draft, rates)
 
     def _replay_offer(self, context: Sequence[int], cap: int, plan: Plan) -> Offer | None:
@@ -175,7 +175,7 @@ class HistoryTurn(Turn):
         if plan.fixed_len is not None:
             return Offer(len(tokens), float("inf"), draft)
         chances = [REPLAY_CHANCE] * len(tokens)
-        k, rate = best_length(chances, plan.cost, 0.0)
+        k, rate = best_length(chances, plan.cost, 0.0, one_off=True)
         return Offer(k, rate, draft, chances)
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:

@@ -34,7 +34,7 @@ class ModelDrafter(Drafter):
     it, it is evaluated with the next round's catch-up, so no position is ever run twice.
     """
 
-    max_len = 7            # longest draft: a verify batch of 8, a calibrated size (calibration.CALIBRATION_SIZES)
+    max_len = 7            # longest draft: a verify batch of 8, a calibrated size (measuring.CALIBRATION_SIZES)
     plausible_best = 0.9   # the acceptance a probe assumes: is drafting worth finding out about at all?
     probe_share = 0.01     # a probe's catch-up may cost at most this share of the rest of the answer, plain
     prefill_batch = 64     # positions of the prefill whose cost prices a catch-up, measured at load
