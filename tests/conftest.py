@@ -12,6 +12,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 TEST_CACHE = Path(os.environ.get("LOCALSPEC_TEST_CACHE", Path.home() / ".cache" / "localspec-tests"))
 
 
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ as `python benchmarks/NAME.py` sees it: its folder first on the import path
+    while it loads, and itself in sys.modules then (its dataclasses look their module up there)."""
+    import importlib.util
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCHMARKS))
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        patch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"  # Textual's pilot runs on asyncio

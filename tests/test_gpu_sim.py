@@ -1,24 +1,14 @@
 """benchmarks/gpu_sim.py: ggml-cuda's graph rule as the clock, llama-server's fixed policies, and the
 engine's planner keeping to a shape where a change costs."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def sim():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCHMARKS))
-        spec = importlib.util.spec_from_file_location("gpu_sim", BENCHMARKS / "gpu_sim.py")
-        module = importlib.util.module_from_spec(spec)
-        patch.setitem(sys.modules, "gpu_sim", module)  # (its dataclasses look their module up there)
-        spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_sim")
 
 
 def test_the_clock_charges_a_changed_shape_until_it_was_held_long_enough(sim):

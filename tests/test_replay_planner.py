@@ -1,25 +1,17 @@
 """benchmarks/replay_planner.py on hand-made recordings: fixed lengths by copy age priced round by round, the
 best of them in hindsight, and a session's earlier request replayed through the history drafter."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+from conftest import load_benchmark
+
 CONTROL, HEADER = 999, 500
 COSTS = {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0, 6: 2.5, 8: 3.0, 12: 3.5, 16: 4.0, 24: 5.0, 32: 6.0}
 
 
 @pytest.fixture(scope="module")
 def replay_planner():
-    """The script as `python benchmarks/replay_planner.py` sees it: its folder first on the import path."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCHMARKS))
-        spec = importlib.util.spec_from_file_location("replay_planner", BENCHMARKS / "replay_planner.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay_planner")
 
 
 def recording(answer: list[int]) -> dict:
