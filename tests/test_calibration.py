@@ -111,6 +111,19 @@ def test_an_entry_of_the_older_format_is_measured_again(tmp_path, fake_clock, mo
     assert not calibrator.from_cache and calibrator.current.costs[1] == pytest.approx(PER_POSITION)
 
 
+def test_an_entry_without_steady_costs_is_measured_again_and_then_reused(tmp_path, fake_clock, monkeypatch):
+    """Entries cached before the steady costs (each size after its own shape) were measured lack a table
+    the pricing of batch shapes needs: the next load measures again, the one after reuses that."""
+    monkeypatch.setattr("localspec.engine.calibration.cpu_sample", CpuScript())
+    model = TimedToy(_gguf(tmp_path), fake_clock)
+    key = calibration.cache_key(model)
+    older = calibration.Calibration(costs={1: 0.9, 4: 3.2}, measured_at=1.0, passes=3)
+    calibration.store_cached(key, older)
+    assert calibration.Calibrator(model).from_cache is False
+    again = calibration.Calibrator(model)
+    assert again.from_cache and again.current.steady is not None
+
+
 def _engine(model, drafter="none"):
     return Engine(model, None, EngineOptions(drafter=drafter, history_drafts=False))
 
@@ -123,7 +136,8 @@ def test_a_cached_calibration_that_live_rounds_contradict_is_measured_again_and_
     model = TimedToy(_gguf(tmp_path), fake_clock, eos_bias=-50.0)
     key = calibration.cache_key(model)
     busy = calibration.Calibration(costs={n: 0.9 * n for n in calibration.CALIBRATION_SIZES}, measured_at=1.0,
-                                   passes=3, cpu_share=0.95, others_busy=0.0)
+                                   passes=3, cpu_share=0.95, others_busy=0.0,
+                                   steady={n: 0.9 * n for n in calibration.STEADY_CPU_SIZES})
     calibration.store_cached(key, busy)
     engine = _engine(model)
     assert engine.calibrator.from_cache and engine.cost.verify(1) == pytest.approx(0.9)

@@ -261,6 +261,8 @@ class Calibrator:
         self._quiet = quiet or (lambda: others_busy_now())
         self.key = cache_key(model, sizes, prefill) if enabled else None
         cached = load_cached(self.key) if self.key and not force else None
+        if cached is not None and cached.steady is None and not prefill:
+            cached = None  # cached before the steady costs were measured: measured again, once
         self.from_cache = cached is not None
         self.current = cached or self._take(repeats=3 if enabled else 1)
         if self.key and not self.from_cache:
