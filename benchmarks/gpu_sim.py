@@ -143,7 +143,7 @@ def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, m
     """Seconds for the answer with the engine's planner; each round verified at `CostModel.shape_for`'s
     size, as the engine pads it."""
     cost = CostModel(dict(steady), changed_s=dict(changed))
-    clock = GpuClock(CostModel(dict(steady), changed_s=dict(changed)))
+    clock = GpuClock(CostModel(dict(steady), changed_s=dict(changed)))  # (the truth: never learns)
     drafting = Drafting(cost, drafters, learn_costs=True)
     planner = drafting.planner(answer.prompt, mode, budget=len(answer.keepable))
     sampler = Sampler(SamplingSettings(temperature=0))
@@ -154,7 +154,7 @@ def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, m
         draft = planner.draft(context, 64, sampler)
         k = len(draft.tokens)
         kept = min(k, answer.keepable[at]) if draft.source != "ngram" else _kept_copy(draft.tokens, answer, at)
-        size = cost.shape_for(k + 1) if k + 1 <= 65 else k + 1
+        size = cost.shape_for(k + 1)
         verify_s = clock.decode(size)
         seconds += verify_s + (k * step_s if draft.source in ("mtp", "model") else 0.0)
         token = answer.truth[at + kept] if answer.truth and at + kept < len(answer.truth) else 0
