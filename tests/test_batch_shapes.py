@@ -6,7 +6,7 @@ import pytest
 from localspec.engine.adaptive import best_length
 from localspec.engine.costs import SETTLE_ROUNDS, WARM_VERIFIES, CostModel
 from localspec.engine.api import Engine, EngineOptions
-from localspec.engine.calibration import Calibration, take
+from localspec.engine.calibration import Calibration, steady_sizes, take
 from localspec.engine.events import Round, answer_tokens
 from toy import RecurrentToy, ToyModel
 
@@ -121,3 +121,10 @@ def test_the_calibration_measures_small_sizes_steady_on_a_cpu_and_keeps_both_tab
     # a change costing less than SHAPE_NOISE of a position is not priced: the CPU's tables as before
     assert Calibration(costs={1: 2.0, 2: 2.5}, steady={1: 1.9, 2: 2.45}).tables() == ({1: 2.0, 2: 2.5}, None)
     assert Calibration(costs={1: 2.0}).tables() == ({1: 2.0}, None)
+
+
+def test_where_a_position_costs_far_more_than_a_rebuilt_graph_no_steady_pass_is_taken():
+    costs = {1: 0.06, 2: 0.09, 4: 0.1}  # the default target's scale on a CPU
+    assert steady_sizes(ToyModel(seed=3), (1, 2, 4, 8), costs) == []
+    assert steady_sizes(ToyModel(seed=3), (1, 2, 4, 8), {n: s / 100 for n, s in costs.items()}) == [1, 2, 4]
+    assert Calibration(costs=costs, steady={}).tables() == (costs, None)

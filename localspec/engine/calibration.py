@@ -63,6 +63,7 @@ RETRY_AFTER_S = 60.0     # wait before measuring again after an untrusted remeas
 # only the small sizes most verifies have are measured again.
 SHAPE_NOISE = 0.25
 STEADY_CPU_SIZES = (1, 2, 3, 4)
+CPU_GRAPH_REBUILD_S = 0.002  # at most what building a graph again takes on a CPU: dearer positions skip the pass
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ class Calibration:
     cpu_share: float | None = None    # None: not decoded on this CPU (GPU, RPC), or not measured
     others_busy: float | None = None  # None: the system's CPU use cannot be read here
     problem: str = ""                 # why it is not trusted; "" when it is
-    # Each size again after verifies of its own shape (on a CPU the small sizes only, STEADY_CPU_SIZES):
-    # `costs` are what a size costs right after the shape changed (`measure`'s sizes in turn).
+    # Each size again after verifies of its own shape (`steady_sizes`; empty where none needed it):
+    # `costs` are what a size costs right after the shape changed (`measure`'s sizes in turn). None:
+    # cached before steady costs were measured.
     steady: dict[int, float] | None = None
 
     @property
@@ -159,6 +161,16 @@ def on_this_cpu(model: LanguageModel) -> bool:
     return opts.gpu_layers() == 0 and not opts.placement
 
 
+def steady_sizes(model: LanguageModel, sizes, costs: dict[int, float]) -> list[int]:
+    """The sizes to measure again steady: every one off this CPU; on it the small ones, and none where a
+    rebuilt graph (CPU_GRAPH_REBUILD_S) is under SHAPE_NOISE of the cheapest batch."""
+    if not on_this_cpu(model):
+        return list(sizes)
+    if not costs or SHAPE_NOISE * min(costs.values()) > CPU_GRAPH_REBUILD_S:
+        return []
+    return [n for n in sizes if n in STEADY_CPU_SIZES]
+
+
 def take(model, sizes=CALIBRATION_SIZES, repeats: int = 3, prefill: bool = False,
          interrupt: Callable[[], bool] = lambda: False, sample: Callable[[], CpuSample] | None = None,
          clock: Callable[[], float] | None = None, now: Callable[[], float] = time.time) -> Calibration:
@@ -172,11 +184,12 @@ def take(model, sizes=CALIBRATION_SIZES, repeats: int = 3, prefill: bool = False
     share, others = cpu_usage(before, after, threads, os.cpu_count() or 1)
     cpu_share = share if on_this_cpu(model) else None
     spread = spread_of(passes)
-    steady = None
+    costs, steady = costs_of(passes), None
     if not prefill:
-        shapes = sizes if not on_this_cpu(model) else [n for n in sizes if n in STEADY_CPU_SIZES]
-        steady = costs_of(measure(model, shapes, repeats=1, interrupt=interrupt, clock=clock, steady=WARM_VERIFIES))
-    return Calibration(costs=costs_of(passes), measured_at=now(), passes=repeats, spread=spread,
+        shapes = steady_sizes(model, sizes, costs)
+        steady = costs_of(measure(model, shapes, repeats=1, interrupt=interrupt, clock=clock,
+                                  steady=WARM_VERIFIES)) if shapes else {}
+    return Calibration(costs=costs, measured_at=now(), passes=repeats, spread=spread,
                        cpu_share=cpu_share, others_busy=others,
                        problem=assess(spread, cpu_share, others, repeats), steady=steady)
 
