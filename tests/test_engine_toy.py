@@ -974,3 +974,30 @@ def test_only_a_request_that_drafted_with_the_draft_model_changes_its_record():
     assert engine.drafter("model").acceptance is record
     list(engine.generate([0, 5, 9, 11], max_tokens=10))  # a perfect, cheap draft model: it drafts
     assert engine.drafter("model").acceptance is not record
+
+
+def _submitted(engine, prompt, params):
+    events = []
+    engine.submit(prompt, params, lambda item: events.append(item if isinstance(item, Exception) else item[1]))
+    while engine.step():
+        pass
+    return events
+
+
+def test_a_requests_longest_and_shortest_draft_bound_every_round():
+    """llama.cpp's speculative.n_max / n_min and Ollama's draft_num_predict, as GenerationParams carries
+    them: no round drafts more than the longest, none fewer than the shortest (but nothing), and the
+    answer is plain decoding's."""
+    from localspec.engine.params import GenerationParams
+
+    engine = _engine(drafter="auto")
+    for prompt in PROMPTS:
+        for longest, shortest in ((2, 0), (6, 3)):
+            events = _submitted(engine, prompt, GenerationParams.one(max_tokens=60, draft_max=longest,
+                                                                     draft_min=shortest))
+            drafted = [len(r.accepted) + len(r.rejected) for r in events if isinstance(r, Round)]
+            assert _tokens(events) == _plain(prompt, 60)
+            assert all(n == 0 or shortest <= n <= longest for n in drafted), drafted
+    assert any(n > 2 for n in drafted)  # (unbounded but by 6, drafts there are longer than the first bound)
+    with pytest.raises(LocalspecError, match="shortest draft asked for"):
+        engine.submit(PROMPTS[0], GenerationParams.one(draft_max=2, draft_min=3), lambda item: None)

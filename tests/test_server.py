@@ -333,6 +333,34 @@ def test_ollama_tags_show_version_and_generate(server):
     assert gen["done"] is True and gen["response"] and gen["eval_count"] >= 1
 
 
+def test_each_dialects_draft_bounds_reach_the_planner_and_the_answer_says_who_drafted(server):
+    """llama.cpp's `speculative.n_max` / `n_min` and Ollama's `options.draft_num_predict` (0: off) bound
+    a request's drafts; `localspec.by_drafter` says what each drafter proposed and the target kept."""
+    prompt = "one two three four five six seven, one two three four five six seven, one two three four five six seven,"
+
+    def completion(**extra):
+        body = {"prompt": prompt, "n_predict": 40, "temperature": 0, "drafter": "ngram", **extra}
+        reply = post(server, "/completion", body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    free, capped = completion(), completion(**{"speculative.n_max": 2})
+    assert free["content"] == capped["content"]
+    assert len(free["localspec"]["acceptance_by_position"]) > 2  # (left alone, some draft is longer than 2)
+    assert 0 < len(capped["localspec"]["acceptance_by_position"]) <= 2
+    for answer in (free, capped):
+        stats = answer["localspec"]
+        assert stats["by_drafter"] == {"ngram": [stats["drafted"], stats["accepted"]]}
+    name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
+    off = post(server, "/api/generate", {"model": name, "prompt": prompt, "stream": False, "raw": True,
+                                         "options": {"num_predict": 40, "temperature": 0, "draft_num_predict": 0}})
+    assert off.status_code == 200 and off.json()["localspec"]["drafted"] == 0
+    assert off.json()["response"] == free["content"]
+    bad = post(server, "/completion", {"prompt": prompt, "speculative.n_max": 2, "speculative.n_min": 3})
+    assert bad.status_code == 400 and "shortest draft" in bad.json()["error"]["message"]
+    assert post(server, "/completion", {"prompt": prompt, "speculative.n_max": "two"}).status_code == 400
+
+
 # ----------------------------------------------------------------------------- native stream, metrics, socket
 
 

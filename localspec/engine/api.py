@@ -223,7 +223,8 @@ class Engine:
         return [check(self.target, self.drafters, tokens, max_tokens=params.max_tokens,
                       sampling=params.samplings[seq], mode=params.drafter or self.options.drafter,
                       draft_len=params.draft_len, default_len=self.options.draft_len, stop=params.stop,
-                      cancel=cancels[seq] if cancels is not None else threading.Event())
+                      cancel=cancels[seq] if cancels is not None else threading.Event(),
+                      longest=params.draft_max, shortest=params.draft_min)
                 for seq in sequences]
 
     @property
@@ -238,7 +239,7 @@ class Engine:
     def _planner(self, request: Request, drafting: Drafting | None = None) -> Planner:
         """The request's own planner, from the engine's drafting (or the urgent requests')."""
         return (drafting or self.drafting).planner(request.prompt, request.mode, request.fixed, request.max_tokens,
-                                                   request.sampling.replayable)
+                                                   request.sampling.replayable, request.longest, request.shortest)
 
     def planner_for(self, mode: str, fixed: int | None, budget: int = 512, replayable: bool = False,
                     prompt: Sequence[int] = ()) -> Planner:

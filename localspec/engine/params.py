@@ -20,6 +20,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     drafter: str | None = None               # None: the engine's drafter setting
     draft_len: int | None | str = "default"  # "default": the engine's; None: the planner chooses
+    draft_max: int | None = None             # the longest draft the planner may make (None: any)
+    draft_min: int = 0                       # drafts shorter than this are not made
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "samplings", tuple(self.samplings))

@@ -24,6 +24,8 @@ class Request:
     stop: tuple[str, ...]
     cancel: threading.Event
     constraint: Constraint | None    # the grammar's state, advanced by what each round keeps
+    longest: int | None = None       # the longest draft it allows (None: any), and the shortest worth making
+    shortest: int = 0
     kv: KvSequence | None = None     # the slot holding its context, once prefilled
     waited_s: float = 0.0            # time it waited while steps left it out (another request stepped alone)
 
@@ -47,7 +49,7 @@ class Request:
 
 def check(target: LanguageModel, drafters: Sequence[str], prompt: str | Sequence[int], *, max_tokens: int,
           sampling: SamplingSettings, mode: str, draft_len: int | None | str, default_len: int | None,
-          stop: Sequence[str], cancel: threading.Event) -> Request:
+          stop: Sequence[str], cancel: threading.Event, longest: int | None = None, shortest: int = 0) -> Request:
     """A request checked before it takes the engine: a bad one is refused with a clear message (an
     unavailable drafter, an empty prompt or one past the context, a token outside the vocabulary, a
     grammar that does not parse). `draft_len` "default" takes the engine's `default_len`."""
@@ -56,6 +58,8 @@ def check(target: LanguageModel, drafters: Sequence[str], prompt: str | Sequence
         raise LocalspecError(problem)
     if isinstance(draft_len, str) and draft_len != "default":
         raise LocalspecError(f"draft_len must be a number of tokens, none, or 'default' (got '{draft_len}').")
+    if longest is not None and longest < shortest:
+        raise LocalspecError(f"The shortest draft asked for ({shortest}) is longer than the longest ({longest}).")
     fixed = default_len if isinstance(draft_len, str) else draft_len
     tokens = list(prompt) if not isinstance(prompt, str) else target.vocab.tokenize(prompt, add_special=True)
     if not tokens:
@@ -70,7 +74,8 @@ def check(target: LanguageModel, drafters: Sequence[str], prompt: str | Sequence
             f"The prompt is {len(tokens)} tokens but the context window holds {target.n_ctx}. "
             "Shorten the prompt or the conversation, or load the model with a larger context (--ctx)."
         )
-    return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, _constraint(target, sampling))
+    return Request(tokens, max_tokens, sampling, mode, fixed, tuple(stop), cancel, _constraint(target, sampling),
+                   longest, shortest)
 
 
 def _constraint(target: LanguageModel, sampling: SamplingSettings) -> Constraint | None:

@@ -275,11 +275,12 @@ class Drafting:
     queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
 
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
-                replayable: bool = False) -> "Planner":
+                replayable: bool = False, longest: int | None = None, shortest: int = 0) -> "Planner":
         """A request's planner: its plan, frozen now, and a turn of every drafter (Drafter.begin)."""
         if mode not in DRAFTER_SETTINGS:
             raise ValueError(f"unknown drafter '{mode}'; choose one of {', '.join(DRAFTER_SETTINGS)}")
-        plan = Plan(cost=self.cost, budget=budget, fixed_len=fixed_len, replayable=replayable, mode=mode)
+        plan = Plan(cost=self.cost, budget=budget, fixed_len=fixed_len, replayable=replayable, mode=mode,
+                    longest=longest, shortest=shortest)
         return Planner(self, plan, [(d.name, d.begin(prompt, plan)) for d in self.drafters], list(prompt))
 
 
@@ -345,8 +346,10 @@ class Planner:
         self.cost.decoded(0)  # (the prompt's chunks: another batch shape)
 
     def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
-        """This round's draft after `context` (at most `room` tokens); `grammar`: the request's grammar
-        state after `context`, for drafters that read it."""
+        """This round's draft after `context` (at most `room` tokens, and within the request's longest and
+        shortest: an offer shorter than that is not drafted, nor a probe); `grammar`: the request's
+        grammar state after `context`, for drafters that read it."""
+        room = self._within(room)
         if room <= 0 or self.mode == "none":
             return Draft.empty()
         plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
@@ -354,14 +357,14 @@ class Planner:
         offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
         for key in probing.since_tried:
             probing.since_tried[key] += 1
-        viable = [(n, t, o) for n, t, o in offers if o.length > 0]
+        viable = [(n, t, o) for n, t, o in offers if o.length > 0 and o.length >= self.base.shortest]
         if viable:
             name, turn, offer = max(viable, key=lambda choice: choice[2].rate)
             probing.wait = probing.every
             if self._plain_probe(len(context), offer):
                 return Draft.empty()
         else:
-            probe = self._probe(context, plan)
+            probe = self._probe(context, plan) if self.base.shortest <= 1 else None
             if probe is None:
                 return Draft.empty()
             name, turn, offer = probe
@@ -377,6 +380,7 @@ class Planner:
         proposal to verify (drafts of one length share a pass: adaptive.shared_lengths). A forced length
         (`fixed_len`) comes back cut to it, with no chances. Nothing from the draft model (its
         sequence waits for the request to decode alone), and no probes."""
+        room = self._within(room)
         if room <= 0 or self.mode == "none":
             return Draft.empty(), []
         plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
@@ -392,6 +396,12 @@ class Planner:
         assert best.draft is not None
         chances = best.chances[:len(best.draft.tokens)]
         return dataclasses.replace(best.draft, tokens=best.draft.tokens[:len(chances)]), chances
+
+    def _within(self, room: int) -> int:
+        """The room a round may draft in: at most the request's longest draft, none below its shortest."""
+        plan = self.base
+        room = room if plan.longest is None else min(room, plan.longest)
+        return room if room >= plan.shortest else 0
 
     def _plain_probe(self, context_len: int, offer: Offer) -> bool:
         """Whether to decode this round plainly, to measure plain decoding at this context length."""

@@ -65,6 +65,11 @@ class SamplingFields(Loose):
     stop: list[str] | str | None = None
     drafter: str | None = None           # localspec: auto | model | self | ngram | none
     draft_len: int | None = Field(None, ge=0, le=32)
+    # The longest draft a request allows, as Ollama (an option) and llama.cpp (flat dotted keys) name it;
+    # 0 switches drafting off. llama.cpp's n_min: shorter drafts are not made.
+    draft_num_predict: int | None = Field(None, ge=0)
+    speculative_n_max: int | None = Field(None, ge=0, alias="speculative.n_max")
+    speculative_n_min: int | None = Field(None, ge=0, alias="speculative.n_min")
     grammar: str | None = None           # llama.cpp's: GBNF every token must follow
     json_schema: dict | None = None      # llama.cpp's: a JSON schema the answer must follow
 
@@ -209,8 +214,11 @@ class Served:
         seed = seed if seed is not None else f.seed
         samplings = tuple(self.sampling(f, default_temperature, None if seed is None else seed + i, grammar, trigger,
                                         logprobs) for i in range(n))
-        params = GenerationParams(max(1, min(max_tokens, room)), samplings, tuple(s for s in stops if s), f.drafter,
-                                  "default" if f.draft_len is None else f.draft_len)
+        longest = f.draft_num_predict if f.draft_num_predict is not None else f.speculative_n_max
+        shortest = f.speculative_n_min or 0
+        params = GenerationParams(max(1, min(max_tokens, room)), samplings, tuple(s for s in stops if s),
+                                  "none" if longest == 0 else f.drafter,
+                                  "default" if f.draft_len is None else f.draft_len, longest or None, shortest)
         return Job(tokens, params, endpoint=endpoint, urgent=urgent)
 
     async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:
@@ -334,6 +342,8 @@ def speculation(summary: Summary) -> dict:
         "baseline_measured": summary.baseline_measured,
         "first_token_s": round(summary.first_token_s, 4),
         "acceptance_by_position": [round(x, 4) for x in summary.acceptance_by_position],
+        "by_drafter": {name: [drafted, summary.accepted_by_drafter.get(name, 0)]  # draft tokens made, kept
+                       for name, drafted in summary.drafted_by_drafter.items()},
     }
 
 

@@ -67,6 +67,8 @@ class Plan:
     grammar: Constraint | None = None
     mode: str = "auto"
     target: KvSequence | None = None
+    longest: int | None = None  # the longest draft the request allows (None: any)
+    shortest: int = 0           # and the shortest worth making
 
 
 @dataclass
