@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.bench.estimate import QWEN35_MTP
-from localspec.engine.costs import WARM_VERIFIES, CostModel
+from localspec.engine.costs import CostModel
 from localspec.engine.drafters import CopyDrafter, OpeningDrafter
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.heads import HeadDrafter, HeadTurn
 from localspec.engine.sampling import SamplingSettings, Sampler
 from localspec.engine.speculative import Drafting
 from common import median_interval
-from replay_trees import truth_of
+from replay_trees import kept_of, truth_of
 
 # Recorded on an H200 (docs/findings.md, 2026-12-04, the Qwen3.5-4B-shaped Q4_K_M with its MTP head
 # following), milliseconds. `changed`: `mtp_costs.py` run 2, each size right after another size and a
@@ -67,18 +67,15 @@ def cost_sets() -> dict[str, tuple[dict[int, float], dict[int, float]]]:
 
 @dataclass
 class GpuClock:
-    """Seconds of each target decode by ggml-cuda's rule: steady once WARM_VERIFIES decodes in a row had
-    its shape, at the changed cost otherwise (a CostModel that never learns is the table)."""
+    """Seconds of each target decode by ggml-cuda's rule (`CostModel.expected`: steady once WARM_VERIFIES
+    decodes in a row had its shape, at the changed cost otherwise), from a CostModel that never learns."""
 
     table: CostModel
-    shape: int = 0
-    held: int = 0
 
     def decode(self, n: int) -> float:
-        steady = n == self.shape and self.held >= WARM_VERIFIES
-        self.held = self.held + 1 if n == self.shape else 1
-        self.shape = n
-        return self.table.verify(n) if steady else self.table.changed(n)
+        seconds = self.table.expected(n)
+        self.table.decoded(n)
+        return seconds
 
 
 @dataclass
@@ -153,7 +150,7 @@ def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, m
         planner.remaining = lambda: len(answer.keepable) - at
         draft = planner.draft(context, 64, sampler)
         k = len(draft.tokens)
-        kept = min(k, answer.keepable[at]) if draft.source != "ngram" else _kept_copy(draft.tokens, answer, at)
+        kept = min(k, answer.keepable[at]) if draft.source != "ngram" else kept_of(draft.tokens, answer.truth, at)
         size = cost.shape_for(k + 1)
         verify_s = clock.decode(size)
         seconds += verify_s + (k * step_s if draft.source in ("mtp", "model") else 0.0)
@@ -164,13 +161,6 @@ def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, m
         at += kept + 1
     planner.finish(answer.truth or context[1:])  # (what every drafter learns from an answer, as live)
     return seconds
-
-
-def _kept_copy(tokens: list[int], answer: Answer, at: int) -> int:
-    n = 0
-    while n < len(tokens) and at + n < len(answer.truth) and tokens[n] == answer.truth[at + n]:
-        n += 1
-    return n
 
 
 def run_fixed(answer: Answer, steady: dict, changed: dict, k: int, step_s: float) -> float:
@@ -212,7 +202,7 @@ def run_ngram_mod(answer: Answer, steady: dict, changed: dict, n_match: int = 24
                 probe.append(t)
             if len(draft) < n_min:
                 draft = []
-        kept = _kept_copy(draft, answer, at)
+        kept = kept_of(draft, answer.truth, at)
         seconds += clock.decode(len(draft) + 1)
         text.extend(answer.truth[at:at + kept + 1])
         at += kept + 1
