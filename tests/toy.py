@@ -201,6 +201,7 @@ class ToyModel:
 
     max_rollback: int | None = None  # any position can be dropped (a recurrent toy sets a limit)
     mtp: "ToyHead | None" = None  # a multi-token-prediction head, where a test gives it one
+    projector = None  # (text only)
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:
         del self.seqs[seq][n_keep:]

@@ -132,7 +132,18 @@ class Engine:
         return [slot.busy for slot in self.slots]
 
     def chat_tokens(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
-        return self.template.tokens(self.target.vocab, messages, tools)
+        return self.template.tokens(self.target.vocab, messages, tools, media=self.projector)
+
+    @property
+    def projector(self):
+        """What turns images into the target's input (backend/vision.py), or None: a text-only model."""
+        return self.target.projector
+
+    def image_tokens(self, text: str, images: Sequence[bytes]) -> list[int]:
+        """A raw prompt with images, one MEDIA_MARKER where each stands (special tokens parsed)."""
+        if self.projector is None:
+            raise LocalspecError("This model cannot see images: it was loaded without a projector (--mmproj).")
+        return self.projector.tokenize(text, images)
 
     # ------------------------------------------------------------------ generation
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event, Summary
+from localspec.engine.model import ImageInput
 from localspec.engine.params import GenerationParams
 from localspec.errors import LocalspecError
 
@@ -106,6 +107,15 @@ class ServedEngine(ChatEngine, Protocol):
     def chat_tokens(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The conversation through the chat template; `tools` (OpenAI's function shape) listed where the
         template lists tools."""
+        ...
+
+    @property
+    def projector(self) -> ImageInput | None:
+        """What makes images prompt ids (None: the model cannot see images)."""
+        ...
+
+    def image_tokens(self, text: str, images: Sequence[bytes]) -> list[int]:
+        """A raw prompt with a media marker where each image stands (special tokens parsed)."""
         ...
 
     def slot_tokens(self) -> list[int]:

@@ -30,6 +30,7 @@ def load_files(
     placement: str = "",
     flash_attn: bool | None = None,
     tree_leaves: int | None = None,
+    mmproj: str | Path | None = None,
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
@@ -38,7 +39,8 @@ def load_files(
     cache folder, kept across runs), "memory" (this engine's life only) or "off". `target_devices`: ggml
     devices for every layer of the target (RPC workers, see localspec.rpc), split by `tensor_split`;
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
-    llama.cpp decide (settings.yaml's flash_attention)."""
+    llama.cpp decide (settings.yaml's flash_attention). `mmproj`: the target's image projector (images in
+    prompts, engine/backend/vision.py)."""
     from localspec.engine.backend import Model, ModelOptions
     from localspec.engine.backend.assistant import Gemma4Assistant
     from localspec.engine.backend.dflash import DFlashDraft
@@ -86,6 +88,10 @@ def load_files(
         elif draft_path is not None and dflash_draft:
             dflash = DFlashDraft(Path(draft_path), target)  # the same, a block at a time
             draft_path = None
+        if mmproj is not None:
+            from localspec.engine.backend.vision import Projector
+
+            target.attach_projector(Projector(mmproj, target, threads=loaded.threads(), use_gpu=loaded.gpu_layers() != 0))
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,

@@ -122,6 +122,20 @@ class BlockHead(Protocol):
         ...
 
 
+class ImageInput(Protocol):
+    """Images into a model's prompts (backend/vision.py): each image one negative id per embedding row."""
+
+    encoded: int  # images encoded so far (a follow-up on an image already seen encodes none)
+
+    def tokenize(self, text: str, images: Sequence[bytes]) -> list[int]:
+        """`text` with a media marker where each image stands: its tokens and each image's ids."""
+        ...
+
+    def holds(self, token: int) -> bool:
+        """Whether a negative id is a row of an image it knows."""
+        ...
+
+
 class LanguageModel(Protocol):
     """A loaded model with KV sequences (slots) the engine extends, rolls back and shifts."""
 
@@ -200,6 +214,11 @@ class LanguageModel(Protocol):
     @property
     def mtp(self) -> PredictionHead | None:
         """The file's multi-token-prediction head, following this model's cache (None: it has none)."""
+        ...
+
+    @property
+    def projector(self) -> ImageInput | None:
+        """What turns images into its prompts' ids (None: a text-only model)."""
         ...
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:

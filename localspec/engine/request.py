@@ -64,7 +64,8 @@ def check(target: LanguageModel, drafters: Sequence[str], prompt: str | Sequence
     tokens = list(prompt) if not isinstance(prompt, str) else target.vocab.tokenize(prompt, add_special=True)
     if not tokens:
         raise LocalspecError("The prompt is empty.")
-    outside = [t for t in tokens if not 0 <= t < target.n_vocab]
+    projector = target.projector  # an image's ids (backend/vision.py) are its to know
+    outside = [t for t in tokens if not 0 <= t < target.n_vocab and not (t < 0 and projector and projector.holds(t))]
     if outside:  # llama.cpp would fail the decode (or read out of bounds) on it
         raise LocalspecError(f"Token id {outside[0]} is outside this model's vocabulary (0 to {target.n_vocab - 1}).")
     if max_tokens < 1:

@@ -59,6 +59,7 @@ def penalize(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.nd
         return logits
     out = logits.astype(np.float32, copy=True)
     seen = np.unique(np.asarray(recent, dtype=np.int64))
+    seen = seen[seen >= 0]  # (an image's positions are no token)
     values = out[seen]
     out[seen] = np.where(values > 0, values / penalty, values * penalty)
     return out

@@ -11,7 +11,17 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterable, Sequence, cast
 
-Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str, optionally "images": [bytes]}
+
+# Where an image stands in a message's content or a raw prompt (mtmd's default media marker).
+MEDIA_MARKER = "<__media__>"
+
+
+def with_images(message: Message, images: Sequence[bytes]) -> Message:
+    """`message` with `images` before its text (as llama.cpp's and Ollama's clients place them)."""
+    if not images:
+        return message
+    return {**message, "content": MEDIA_MARKER * len(images) + (message.get("content") or ""), "images": list(images)}
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -35,9 +45,21 @@ class ChatTemplate:
         eos = vocab.text(vocab.eos) if vocab.eos >= 0 else ""
         return cls(model.chat_template(), bos_text=bos, eos_text=eos)
 
-    def tokens(self, vocab, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
-        """The conversation rendered and tokenized, special tokens parsed, BOS once."""
-        tokens = vocab.tokenize(self.render(messages, tools), add_special=True, parse_special=True)
+    def tokens(self, vocab, messages: Sequence[Message], tools: Sequence[dict] | None = None,
+               media=None) -> list[int]:
+        """The conversation rendered and tokenized, special tokens parsed, BOS once. A message's `images`
+        (bytes each) stand where its content has MEDIA_MARKER, in order; `media` (the target's projector,
+        backend/vision.py) makes them ids."""
+        images = [image for message in messages for image in message.get("images") or ()]
+        if images:
+            if media is None:
+                from localspec.errors import LocalspecError
+
+                raise LocalspecError("This model cannot see images: it was loaded without a projector (--mmproj).")
+            text = self.render([{k: v for k, v in m.items() if k != "images"} for m in messages], tools)
+            tokens = media.tokenize(text, images)
+        else:
+            tokens = vocab.tokenize(self.render(messages, tools), add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == vocab.bos:
             tokens = tokens[1:]  # the template wrote BOS itself
         return tokens

@@ -20,7 +20,7 @@ import numpy as np
 from localspec.engine.adaptive import CostModel, Promises, expected_tokens
 from localspec.engine.constraint import Constraint
 from localspec.engine.contract import DRAFTER_SETTINGS
-from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn
+from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn, text_only
 from localspec.engine.events import TokenLogprob
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
@@ -348,7 +348,10 @@ class Planner:
     def draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None = None) -> Draft:
         """This round's draft after `context` (at most `room` tokens, and within the request's longest and
         shortest: an offer shorter than that is not drafted, nor a probe); `grammar`: the request's
-        grammar state after `context`, for drafters that read it."""
+        grammar state after `context`, for drafters that read it. Never an image's position."""
+        return text_only(self._draft(context, room, sampler, grammar))
+
+    def _draft(self, context: list[int], room: int, sampler: Sampler, grammar: Constraint | None) -> Draft:
         room = self._within(room)
         if room <= 0 or self.mode == "none":
             return Draft.empty()
@@ -379,7 +382,12 @@ class Planner:
         the chance each of its tokens is kept, for the step to choose how much of every request's
         proposal to verify (drafts of one length share a pass: adaptive.shared_lengths). A forced length
         (`fixed_len`) comes back cut to it, with no chances. Nothing from the draft model (its
-        sequence waits for the request to decode alone), and no probes."""
+        sequence waits for the request to decode alone), and no probes. Never an image's position."""
+        draft, chances = self._shared_offer(context, room, grammar)
+        kept = text_only(draft)
+        return kept, chances[:len(kept.tokens)]
+
+    def _shared_offer(self, context: list[int], room: int, grammar: Constraint | None) -> tuple[Draft, list[float]]:
         room = self._within(room)
         if room <= 0 or self.mode == "none":
             return Draft.empty(), []

@@ -8,7 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import llama_cpp as L
 import numpy as np
@@ -20,6 +20,9 @@ from localspec.engine.backend.gguf import ROLLBACK_POSITIONS, Vocab, _load_model
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
 
+if TYPE_CHECKING:
+    from localspec.engine.backend.vision import Projector
+
 # A recurrent state's checkpoints kept per sequence (llama-server's context checkpoints), the newest: taken
 # after each prompt evaluation (`checkpoint`), so a follow-up whose prompt parts from the cache inside the
 # last answer restarts from the prompt's end instead of from the first token. Each holds one copy of the
@@ -29,6 +32,19 @@ MAX_LOGITS_PER_CALL = 64
 
 
 # ----------------------------------------------------------------------------- models
+
+
+def media_runs(tokens: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(index of its first token, run) of each run of text tokens and of each image's ids (vision.py):
+    an image's ids count down by one from its first row's."""
+    runs: list[tuple[int, list[int]]] = []
+    for i, token in enumerate(tokens):
+        previous = runs[-1][1][-1] if runs else None
+        if previous is not None and (previous >= 0 and token >= 0 or previous < 0 and token == previous - 1):
+            runs[-1][1].append(token)
+        else:
+            runs.append((i, [token]))
+    return runs
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,10 @@ class Model(_Metadata):
         self.n_batch = L.llama_n_batch(self._ctx)
         self._memory = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.projector: Projector | None = None  # images in prompts (attach_projector)
+        self._embd_batch: Any = None  # an image's rows (made at first use)
+        newline = self.vocab.tokenize("\n", add_special=False, parse_special=False)
+        self._blank = newline[0] if newline else max(self.vocab.bos, 0)  # what a model without a projector sees of an image
         # How many of its last positions a sequence can drop (None: any). A recurrent state rolls back
         # only within the tokens of the decode that wrote it, once (`_removable`).
         self.max_rollback: int | None = L.llama_n_rs_seq(self._ctx) if self.recurrent else None
@@ -186,6 +206,8 @@ class Model(_Metadata):
         `logits_for`."""
         if not tokens:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
+        if min(tokens) < 0:
+            return self._decode_runs(tokens, start, logits_for, seq)
         if start + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens."
@@ -221,10 +243,69 @@ class Model(_Metadata):
                     out[row] = logits
         return out
 
+    def _decode_runs(self, tokens: list[int], start: int, logits_for: Sequence[int], seq: int) -> np.ndarray:
+        """`decode` of a prompt with images (engine/backend/vision.py): each run of text tokens as text,
+        each run of one image's ids as its embeddings (a model without a projector, as a draft model beside
+        the target, sees a newline at each of an image's positions: the text around it, in place)."""
+        out = np.zeros((len(logits_for), self.n_vocab), dtype=np.float32)
+        for first, run in media_runs(tokens):
+            if run[0] >= 0 or self.projector is None:
+                text = run if run[0] >= 0 else [self._blank] * len(run)
+                wanted = [(row, index - first) for row, index in enumerate(logits_for) if first <= index < first + len(run)]
+                rows = self.decode(text, start + first, [index for _row, index in wanted], seq)
+                for (row, _index), logits in zip(wanted, rows):
+                    out[row] = logits
+            else:
+                if any(first <= index < first + len(run) for index in logits_for):
+                    raise ValueError("logits asked for an image's position")
+                self._decode_image(run, start + first, seq)
+        return out
+
+    def _decode_image(self, ids: list[int], start: int, seq: int) -> None:
+        """One image's rows at positions start…, n_batch at a time (an image whose attention is
+        non-causal, as Gemma 3's, must fit one batch: llama.cpp attends within a batch)."""
+        if start + len(ids) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + len(ids)} tokens do not fit the context window of {self.n_ctx} tokens.")
+        assert self.projector is not None
+        embeddings, non_causal = self.projector.rows(ids)
+        if non_causal and len(ids) > self.n_batch:
+            raise LocalspecError(f"An image of {len(ids)} embeddings does not fit one batch of {self.n_batch}.")
+        if self._embd_batch is None:
+            self._embd_batch = L.llama_batch_init(self.n_batch, self.projector.n_embd, 1)
+        batch = self._embd_batch
+        if non_causal:
+            L.llama_set_causal_attn(self._ctx, False)
+        try:
+            for at in range(0, len(ids), self.n_batch):
+                rows = np.ascontiguousarray(embeddings[at:at + self.n_batch], dtype=np.float32)
+                ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+                for j in range(len(rows)):
+                    batch.pos[j] = start + at + j
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = seq
+                    batch.logits[j] = False
+                batch.n_tokens = len(rows)
+                self._run([(seq, ids[at:at + len(rows)], start + at)], batch)
+        finally:
+            if non_causal:
+                L.llama_set_causal_attn(self._ctx, True)
+
+    def attach_projector(self, projector: "Projector") -> None:
+        """Images in prompts, evaluated through `projector` (a vision.Projector loaded on this model)."""
+        if self._followers:
+            raise LocalspecError("Images beside a drafting head (MTP, EAGLE-3, DFlash) are not supported yet; "
+                                 "load with --drafter model, ngram or none.")
+        self.projector = projector
+        self.attach(projector.close)
+
     def decode_many(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
         """Several sequences in one `llama_decode`: each part is (seq, tokens, start, outputs), and gets
         back the logits after each of its last `outputs` tokens, (outputs, n_vocab). At most n_batch
-        tokens in all (a step of several requests, not a prompt)."""
+        tokens in all (a step of several requests, not a prompt). A prompt's chunk with images has its
+        text and images up to its last image evaluated first, alone (`_decode_runs`)."""
+        if any(tokens and min(tokens) < 0 for _seq, tokens, _start, _outputs in parts):
+            return self._images_first(parts)
         n = sum(len(tokens) for _seq, tokens, _start, _outputs in parts)
         wanted = sum(outputs for *_rest, outputs in parts)
         if n > self.n_batch:
@@ -251,6 +332,24 @@ class Model(_Metadata):
         batch.n_tokens = j
         self._run([(seq, tokens, start) for seq, tokens, start, _outputs in parts])
         return [self._logits_rows(rows) for rows in outputs]
+
+    def _images_first(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
+        """`decode_many` of parts with images: each part's tokens up to its last image alone, the rest
+        together (a part that ends with an image, a prompt's chunk, gets rows nobody reads)."""
+        done: dict[int, np.ndarray] = {}
+        rest = []
+        for i, (seq, tokens, start, wanted) in enumerate(parts):
+            last = max((j for j, t in enumerate(tokens) if t < 0), default=-1)
+            if last >= 0:
+                self._decode_runs(tokens[:last + 1], start, (), seq)
+                tokens, start = tokens[last + 1:], start + last + 1
+            if tokens:
+                rest.append((i, (seq, tokens, start, min(wanted, len(tokens)))))
+            else:
+                done[i] = np.zeros((wanted, self.n_vocab), dtype=np.float32)
+        tails = self.decode_many([part for _i, part in rest]) if rest else []
+        done.update((i, rows) for (i, _part), rows in zip(rest, tails))
+        return [done[i] for i in range(len(parts))]
 
     def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
@@ -444,6 +543,10 @@ class Model(_Metadata):
         if getattr(self, "_tree_batch", None) is not None:
             L.llama_batch_free(self._tree_batch)
             self._tree_batch = None
+        if getattr(self, "_embd_batch", None) is not None:
+            L.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
+        self.projector = None
         free_context(self._ctx, self._batch)
         self._ctx = self._batch = None
         if self._model:

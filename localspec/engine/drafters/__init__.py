@@ -9,7 +9,7 @@ best (engine/speculative.py).
 
 from __future__ import annotations
 
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources, Turn
+from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Registration, Sources, Turn, text_only
 from localspec.engine.drafters.copies import CopyDrafter
 from localspec.engine.drafters.grammar import GrammarDrafter
 from localspec.engine.drafters.history import HistoryDrafter
@@ -47,5 +47,5 @@ def build(sources: Sources) -> list[Drafter]:
     return [d for r in REGISTRY if (d := r.build(sources)) is not None]
 
 
-__all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build",
+__all__ = ["REGISTRY", "Draft", "Drafter", "Offer", "Plan", "Registration", "Sources", "Turn", "build", "text_only",
            "CopyDrafter", "GrammarDrafter", "HistoryDrafter", "ModelDrafter", "HeadDrafter", "BlockDrafter", "NgramDrafter", "OpeningDrafter"]

@@ -14,6 +14,7 @@ turn sees its answer (`Turn.end`), drafted or not.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -47,6 +48,17 @@ class Draft:
     @staticmethod
     def empty() -> "Draft":
         return Draft(tokens=[])
+
+
+def text_only(draft: Draft) -> Draft:
+    """`draft` ending before the first image position (a negative id, engine/backend/vision.py) a lookup
+    copied from its context: those are the projector's rows, never a token to verify. A tree with one
+    goes."""
+    if not draft.tokens or min(draft.tokens) >= 0 and (draft.tree is None or min(draft.tree.tokens, default=0) >= 0):
+        return draft
+    cut = next((i for i, t in enumerate(draft.tokens) if t < 0), len(draft.tokens))
+    q = draft.q[:cut] if draft.q is not None else None
+    return dataclasses.replace(draft, tokens=draft.tokens[:cut], q=q, tree=None)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class HistoryDrafter(Drafter):
             return
         if digest is not None:
             self._remember_answer(digest, np.asarray(answer, dtype=np.int32))
-        if self.index.add([*prompt, *answer]):
+        if self.index.add([t for t in prompt if t >= 0] + list(answer)):  # (an image's ids are this process's only)
             self._pending.append(self.index.last_document())
             self._dirty = True
             if time.monotonic() - self._saved_at >= self.save_every_s:

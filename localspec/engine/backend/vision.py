@@ -1,0 +1,246 @@
+"""Images into a target's context through llama.cpp's mtmd (tools/mtmd of the llama.cpp that
+llama-cpp-python vendors): a projector file (`mmproj`) beside the target encodes an image into rows of
+embeddings, which the target evaluates where the image stands in the prompt (`Model.decode`).
+
+A prompt with images is a list of ints like any other: text tokens and, for each image, one id per
+embedding row, negative (no vocabulary has them): `media_id(key, row)`. Equal images get equal ids, so
+prefix reuse and slots work unchanged, and a follow-up about the same image finds it in the cache (nothing
+encoded, nothing evaluated again). The projector keeps each image's bytes and, within a memory budget, its
+embeddings; dropped embeddings are encoded again when a decode needs them.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as L
+import numpy as np
+from llama_cpp import mtmd_cpp as M
+
+from localspec.engine.backend.gguf import read_architecture
+from localspec.engine.backend.system import _on_log, init, problems_mark, problems_since
+from localspec.errors import LocalspecError, ModelFileError
+
+MEDIA_ROWS = 1 << 14                 # an image's ids' span: it may have one row fewer
+MEDIA_KEYS = (1 << 31) // MEDIA_ROWS - 1  # images told apart at once (ids stay within int32)
+MAX_PIXELS = 50_000_000              # an image's width x height; larger ones are refused, not shrunk
+EMBEDDINGS_BUDGET = 512 << 20        # bytes of embeddings kept for images already encoded
+IMAGES_KEPT = 256                    # images whose bytes are kept to encode again
+
+
+def media_id(key: int, row: int) -> int:
+    """The id of row `row` of image `key` in a prompt."""
+    return -1 - (key * MEDIA_ROWS + row)
+
+
+def media_row(token: int) -> tuple[int, int]:
+    """(image key, row) of a media id."""
+    return divmod(-1 - token, MEDIA_ROWS)
+
+
+class ImageError(LocalspecError):
+    """An image the user sent that cannot be used (not an image, truncated, too large, no projector)."""
+
+
+@dataclass
+class _Image:
+    data: bytes
+    rows: int
+    non_causal: bool
+    embeddings: np.ndarray | None = None  # (rows, n_embd) float32, or None once dropped
+
+
+class Projector:
+    """An mmproj GGUF loaded beside `target` (a backend `Model`): images -> prompt ids and embeddings."""
+
+    def __init__(self, path: Path | str, target, *, threads: int, use_gpu: bool = False):
+        init()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFileError(f"No projector file at {self.path}.")
+        arch = read_architecture(self.path)
+        if arch != "clip":
+            raise ModelFileError(f"{self.path.name} is not an image projector (its architecture is {arch!r}); "
+                                 "--mmproj takes the mmproj GGUF published beside a vision model.")
+        M.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
+        params = M.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = threads
+        params.print_timings = False
+        params.warmup = False
+        mark = problems_mark()
+        self._ctx = M.mtmd_init_from_file(str(self.path).encode(), target._model, params)
+        if not self._ctx:
+            why = problems_since(mark) or "see LOCALSPEC_LLAMA_LOG=1"
+            raise ModelFileError(f"{self.path.name} cannot be loaded as the projector of {target.path.name}: {why}")
+        try:
+            if not M.mtmd_support_vision(self._ctx):
+                raise ModelFileError(f"{self.path.name} has no image encoder (an audio projector?); localspec takes images.")
+            if M.mtmd_decode_use_mrope(self._ctx):
+                raise ModelFileError(f"{self.path.name} places images with M-RoPE positions (the Qwen-VL family), "
+                                     "which localspec does not evaluate yet.")
+        except BaseException:
+            self.close()
+            raise
+        self.marker = (M.mtmd_default_marker() or b"<__media__>").decode()
+        self.n_embd = L.llama_model_n_embd_inp(target._model)
+        self.target_name = target.path.name
+        self._lock = threading.RLock()  # mtmd's context is one thread's at a time
+        self._keys: dict[str, int] = {}  # sha256 -> key
+        self._images: collections.OrderedDict[int, _Image] = collections.OrderedDict()
+        self._next_key = 0
+        self.encoded = 0  # images encoded over the projector's life (a follow-up encodes none)
+
+    # ------------------------------------------------------------------ prompts
+
+    def tokenize(self, text: str, images: Sequence[bytes]) -> list[int]:
+        """`text` with one marker (`self.marker`) where each image stands, in order: its tokens and each
+        image's ids (special tokens parsed, BOS added as the model wants). Encodes images not seen before."""
+        if text.count(self.marker) != len(images):
+            raise ImageError(f"The prompt has {text.count(self.marker)} places for images and {len(images)} images.")
+        with self._lock:
+            bitmaps = []
+            chunks = None
+            try:
+                for i, data in enumerate(images):
+                    bitmaps.append(self._bitmap(data, i + 1, len(images)))
+                chunks = M.mtmd_input_chunks_init()
+                raw = text.encode("utf-8")
+                prompt = M.mtmd_input_text(raw, len(raw), True, True)
+                array = (M.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+                rc = M.mtmd_tokenize(self._ctx, chunks, ctypes.byref(prompt), array, len(bitmaps))
+                if rc != 0:
+                    raise ImageError(f"{self.path.name} could not prepare the images (mtmd_tokenize: {rc}).")
+                return self._ids(chunks, images)
+            finally:
+                if chunks is not None:
+                    M.mtmd_input_chunks_free(chunks)
+                for bitmap in bitmaps:
+                    M.mtmd_bitmap_free(bitmap)
+
+    def _bitmap(self, data: bytes, index: int, count: int):
+        which = f"Image {index} of {count}" if count > 1 else "The image"
+        if not data:
+            raise ImageError(f"{which} is empty.")
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = M.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False)
+        if not bitmap:
+            raise ImageError(f"{which} ({len(data)} bytes) is not an image localspec can read, or is truncated "
+                             "(PNG, JPEG, GIF, BMP, TGA, PSD, HDR, PNM).")
+        nx, ny = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
+        if nx * ny > MAX_PIXELS:
+            M.mtmd_bitmap_free(bitmap)
+            raise ImageError(f"{which} is {nx}x{ny} pixels; at most {MAX_PIXELS // 1_000_000} million are taken.")
+        return bitmap
+
+    def _ids(self, chunks, images: Sequence[bytes]) -> list[int]:
+        ids: list[int] = []
+        image = 0
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            chunk = M.mtmd_input_chunks_get(chunks, i)
+            if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                tokens = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                ids.extend(tokens[j] for j in range(n.value))
+                continue
+            if M.mtmd_input_chunk_get_type(chunk) != M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                raise ImageError("localspec takes images only, not audio.")
+            key = self._remember(images[image], chunk)
+            image += 1
+            ids.extend(media_id(key, row) for row in range(self._images[key].rows))
+        return ids
+
+    def _remember(self, data: bytes, chunk) -> int:
+        """The image's key, its embeddings encoded if it is new or they were dropped."""
+        digest = hashlib.sha256(data).hexdigest()
+        key = self._keys.get(digest)
+        if key is None or key not in self._images:
+            key = self._next_key
+            self._next_key = (self._next_key + 1) % MEDIA_KEYS
+            stale = self._images.pop(key, None)
+            if stale is not None:
+                self._keys = {d: k for d, k in self._keys.items() if k != key}
+            rows = M.mtmd_input_chunk_get_n_tokens(chunk)
+            if rows >= MEDIA_ROWS:
+                raise ImageError(f"The image makes {rows} embeddings; at most {MEDIA_ROWS - 1} are taken.")
+            self._keys[digest] = key
+            self._images[key] = _Image(data, rows, bool(M.mtmd_decode_use_non_causal(self._ctx, chunk)))
+        self._images.move_to_end(key)
+        record = self._images[key]
+        if record.embeddings is None:
+            record.embeddings = self._encode(chunk, record.rows)
+            self._trim()
+        while len(self._images) > IMAGES_KEPT:
+            old, _ = self._images.popitem(last=False)
+            self._keys = {d: k for d, k in self._keys.items() if k != old}
+        return key
+
+    def _encode(self, chunk, rows: int) -> np.ndarray:
+        if M.mtmd_encode_chunk(self._ctx, chunk) != 0:
+            raise ImageError(f"{self.path.name} failed to encode the image.")
+        out = M.mtmd_get_output_embd(self._ctx)
+        self.encoded += 1
+        return np.ctypeslib.as_array(out, shape=(rows * self.n_embd,)).reshape(rows, self.n_embd).copy()
+
+    def _trim(self) -> None:
+        """Drop the least recently used images' embeddings beyond the budget (their bytes stay)."""
+        held = [record for record in self._images.values() if record.embeddings is not None]
+        total = sum(record.embeddings.nbytes for record in held if record.embeddings is not None)
+        for record in held[:-1]:
+            if total <= EMBEDDINGS_BUDGET or record.embeddings is None:
+                break
+            total -= record.embeddings.nbytes
+            record.embeddings = None
+
+    def holds(self, token: int) -> bool:
+        """Whether `token` is a row of an image this projector knows."""
+        key, row = media_row(token)
+        record = self._images.get(key)
+        return record is not None and row < record.rows
+
+    # ------------------------------------------------------------------ decoding
+
+    def rows(self, ids: Sequence[int]) -> tuple[np.ndarray, bool]:
+        """The embeddings of a run of media ids of one image, (len(ids), n_embd) float32, and whether the
+        image is evaluated with non-causal attention."""
+        key, first = media_row(ids[0])
+        with self._lock:
+            record = self._images.get(key)
+            if record is None:
+                raise LocalspecError("An image of this prompt is no longer held; send it again.")
+            if record.embeddings is None:
+                record.embeddings = self._encode_again(record)
+                self._trim()
+            return record.embeddings[first:first + len(ids)], record.non_causal
+
+    def _encode_again(self, record: _Image) -> np.ndarray:
+        bitmap = self._bitmap(record.data, 1, 1)
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            raw = self.marker.encode()
+            prompt = M.mtmd_input_text(raw, len(raw), False, False)
+            array = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            if M.mtmd_tokenize(self._ctx, chunks, ctypes.byref(prompt), array, 1) != 0:
+                raise ImageError(f"{self.path.name} could not prepare an image again.")
+            for i in range(M.mtmd_input_chunks_size(chunks)):
+                chunk = M.mtmd_input_chunks_get(chunks, i)
+                if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    return self._encode(chunk, record.rows)
+            raise ImageError(f"{self.path.name} found no image to encode again.")
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            M.mtmd_bitmap_free(bitmap)
+
+    def close(self) -> None:
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx:
+            M.mtmd_free(ctx)
+
+    def __del__(self) -> None:
+        self.close()
