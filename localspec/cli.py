@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from localspec import __version__, paths
-from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, no_history_option, rpc_load_options,
-                                   rpc_options, sampling, sampling_options)
+from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, mmproj_option, no_history_option,
+                                   rpc_load_options, rpc_options, sampling, sampling_options)
 from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.session import MEDIA_MARKER, with_images
 from localspec.errors import LocalspecError
 from localspec.units import human_bytes
 
@@ -184,10 +185,14 @@ def calibrate(entry_id: str | None, force: bool, n_ctx: int) -> None:
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the chat template.")
 @click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context window in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print per-round events and the summary as JSON lines.")
+@mmproj_option
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="An image the prompt is about (repeatable; needs a projector: --mmproj or the catalog's). "
+                   f"With --raw, the prompt marks where each stands with {MEDIA_MARKER}, else they come first.")
 @no_history_option
 @rpc_options
 def run(entry_id, prompt, drafter, draft_len, tree_leaves, temperature, top_k, top_p, min_p, repeat_penalty, seed,
-        max_tokens, draft_id, system, raw, n_ctx, as_json, no_history_drafts, rpc, rpc_allow_public,
+        max_tokens, draft_id, system, raw, n_ctx, as_json, mmproj, images, no_history_drafts, rpc, rpc_allow_public,
         tensor_split) -> None:
     """Generate one answer from the shell. PROMPT '-' reads the prompt from stdin.
 
@@ -203,14 +208,18 @@ def run(entry_id, prompt, drafter, draft_len, tree_leaves, temperature, top_k, t
     settings = sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     config = load_user_config()
     placement = rpc_load_options(rpc, rpc_allow_public, tensor_split)
+    pictures = [Path(image).read_bytes() for image in images]
     with load(entry_id, draft=draft_id, drafter=drafter, draft_len=draft_len, tree_leaves=tree_leaves, n_ctx=n_ctx,
-              history=config.history(no_history_drafts), flash_attn=config.flash_attn(), **placement) as engine:
+              history=config.history(no_history_drafts), flash_attn=config.flash_attn(), mmproj=mmproj,
+              **placement) as engine:
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
         if raw:
-            events = engine.generate(prompt, max_tokens=max_tokens, sampling=settings)
+            events = engine.generate(engine.image_tokens(prompt, pictures) if pictures else prompt,
+                                     max_tokens=max_tokens, sampling=settings)
         else:
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [with_images({"role": "user", "content": prompt}, pictures)]
             events = engine.chat(messages, max_tokens=max_tokens, sampling=settings)
         for event in events:
             if as_json:
@@ -298,10 +307,15 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
 @click.option("--max-request-mb", type=click.FloatRange(0, min_open=True), default=None,
               help="Refuse request bodies larger than this with 413 before reading them (default: settings.yaml's "
                    "max_request_mb, 8).")
+@mmproj_option
+@click.option("--allow-image-files", is_flag=True,
+              help="Let requests name images as local file:// URLs (off: a browser page could read your files).")
+@click.option("--allow-image-urls", is_flag=True,
+              help="Let requests name images by http(s) URL, which the server fetches (off: it fetches nothing).")
 @rpc_options
 def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx, slots, no_join, no_interject,
-          temperature, gpu_layers, cache_reuse, embedding_model, no_history_drafts, max_request_mb, rpc, rpc_allow_public,
-          tensor_split) -> None:
+          temperature, gpu_layers, cache_reuse, embedding_model, no_history_drafts, max_request_mb, mmproj,
+          allow_image_files, allow_image_urls, rpc, rpc_allow_public, tensor_split) -> None:
     """Serve a model pair to editors: llama.cpp (/infill, /completion), OpenAI (/v1) and Ollama (/api) APIs.
 
     Listens on TCP loopback and a Unix socket (mode 0600). Requests whose Host header is not local are
@@ -320,7 +334,8 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
                n_gpu_layers=gpu_layers, slots=slots, temperature=temperature, cache_reuse=cache_reuse,
                history=config.history(no_history_drafts), flash_attn=config.flash_attn(),
                max_body=int((max_request_mb or config.max_request_mb) * 2**20), interject=not no_interject,
-               join=not no_join, embedding_model=embedding_model,
+               join=not no_join, embedding_model=embedding_model, mmproj=mmproj,
+               images_from=(allow_image_files, allow_image_urls),
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 

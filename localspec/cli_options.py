@@ -62,6 +62,11 @@ class DraftLength(click.ParamType):
         return fixed
 
 
+mmproj_option = click.option(
+    "--mmproj", type=click.Path(exists=True, dir_okay=False), default=None, metavar="PATH",
+    help="The target's image projector (an mmproj GGUF): images in prompts. A catalog model that lists one "
+         "pulls and loads it without this.")
+
 no_history_option = click.option(
     "--no-history-drafts", is_flag=True,
     help="Do not draft from earlier requests (nor add this session's to the history kept under the cache folder).")

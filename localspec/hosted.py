@@ -214,6 +214,13 @@ class HostedEngine(OneRequestAtATime):
     def chat_tokens(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         return self._template.tokens(self.target.vocab, messages, tools)
 
+    @property
+    def projector(self) -> None:
+        return None  # (images are evaluated in process only)
+
+    def image_tokens(self, text: str, images: Sequence[bytes]) -> list[int]:
+        raise errors.LocalspecError("Images are not taken by an engine in a worker process; load the model in process.")
+
     def slot_tokens(self) -> list[int]:
         return list(self._slot_tokens)
 

@@ -81,6 +81,11 @@ class ScriptedEngine(OneRequestAtATime):
         listed = "".join(f"<tool>{t['function']['name']}" for t in tools or ())
         return self.vocab.tokenize(listed + "".join(f"<{m['role']}>{m['content']}" for m in messages))
 
+    projector = None  # (text only)
+
+    def image_tokens(self, text, images):
+        raise LocalspecError("This model cannot see images.")
+
     def generate(self, prompt, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
                  cancel=None):
         tokens = self.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)

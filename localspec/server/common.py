@@ -132,6 +132,8 @@ class Served:
     created: int = 0
     temperature: float | None = None   # for requests that set none (`serve --temp`); None: each dialect's default
     embeddings: list = field(default_factory=list)  # what answers embedding requests (server/embeddings.py), first the default
+    images_from_files: bool = False  # image_url may name a local file:// (`serve --allow-image-files`)
+    images_from_urls: bool = False   # or a remote URL the server fetches (`serve --allow-image-urls`)
 
     def check_model(self, requested: str | None) -> None:
         if requested and not answers_to(self.aliases, requested):
@@ -147,19 +149,33 @@ class Served:
     def vocab(self):
         return self.engine.vocab
 
-    def text_tokens(self, text: str, *, special: bool) -> list[int]:
+    def text_tokens(self, text: str, *, special: bool, images: list[bytes] | None = None) -> list[int]:
         """A prompt sent as text. `special`: parse special tokens in it, as llama.cpp's `/completion` and
         Ollama's `raw` mode do, whose clients write chat-template and FIM markers as text. OpenAI's
         legacy completions and localspec's own prompts do not: there a typed '<|im_end|>' is text, never
         the end of a turn. (Prefix and suffix of an infill are never parsed: see `fim_tokens`.)"""
+        if images:  # (a raw prompt with images: MEDIA_MARKER where each stands, special tokens parsed)
+            self._can_see()
+            try:
+                return self.engine.image_tokens(text, images)
+            except LocalspecError as exc:
+                raise ApiError(400, str(exc)) from None
         return self.vocab.tokenize(text, add_special=True, parse_special=special)
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """A conversation through the model's chat template; a template that rejects it is a 400."""
+        """A conversation through the model's chat template; a template that rejects it, or an image that
+        cannot be used, is a 400."""
+        if any(m.get("images") for m in messages):
+            self._can_see()
         try:
             return self.engine.chat_tokens(messages, tools)
         except LocalspecError as exc:
             raise ApiError(400, str(exc)) from None
+
+    def _can_see(self) -> None:
+        if self.engine.projector is None:
+            raise ApiError(400, f"Model '{self.name}' cannot see images: serve it with its projector "
+                                "(--mmproj PATH, or a catalog model that lists one).")
 
     def sampling(self, f: SamplingFields, default_temperature: float, seed: int | None = None,
                  grammar: str | None = None, trigger: str | None = None,

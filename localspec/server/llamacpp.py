@@ -14,6 +14,7 @@ from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.sampling import SamplingSettings
 from localspec.server import logprobs as lp
+from localspec.server.images import from_base64
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect,
                                      compact, fim_tokens, speculation, stream)
 from localspec.structured import llama_cpp_grammar
@@ -26,8 +27,15 @@ class ExtraChunk(Loose):
     text: str = ""
 
 
+class MultimodalPrompt(Loose):
+    """llama-server's prompt with media: the text with a `<__media__>` marker where each image stands, and
+    the images as base64, in order."""
+    prompt_string: str
+    multimodal_data: list[str] = []
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    prompt: str | list[int] | MultimodalPrompt
     n_predict: int = Field(-1, ge=-1, le=1_000_000)
     stream: bool = False
     n_indent: int = Field(0, ge=0)
@@ -91,6 +99,10 @@ def router(served: Served) -> APIRouter:
         served.check_model(body.model)
         if isinstance(body.prompt, list):
             tokens = list(body.prompt)
+        elif isinstance(body.prompt, MultimodalPrompt):
+            prompt = body.prompt
+            images = [from_base64(data, f"prompt.multimodal_data[{i}]") for i, data in enumerate(prompt.multimodal_data)]
+            tokens = await asyncio.to_thread(served.text_tokens, prompt.prompt_string, special=True, images=images)
         else:  # (off the event loop: a large body takes a while to tokenize, and /health must answer meanwhile)
             tokens = await asyncio.to_thread(served.text_tokens, body.prompt, special=True)
         return await _respond(served, request, body, tokens, "completion")

@@ -12,7 +12,9 @@ from pydantic import Field
 
 from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.session import MEDIA_MARKER, with_images
 from localspec.server import logprobs as lp
+from localspec.server.images import from_base64
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
                                      fim_tokens, finish_reason, speculation)
 from localspec.server.common import stream as stream_events  # `stream` is also a request field here
@@ -39,15 +41,20 @@ class GenerateRequest(Loose):
     format: str | dict | None = None     # "json" or a JSON schema the answer must follow
     logprobs: bool = False
     top_logprobs: int | None = None
+    images: list[str] | None = None      # base64, placed before the prompt
 
 
 class ChatMessage(Loose):
     role: str
     content: str = ""
     tool_calls: list[dict] | None = None  # an assistant's earlier calls (arguments as objects, Ollama's way)
+    images: list[str] | None = None       # base64, placed before the text (as Ollama's clients expect)
 
-    def for_template(self) -> dict:
-        return {"role": self.role, "content": self.content, **({"tool_calls": self.tool_calls} if self.tool_calls else {})}
+    def for_template(self, where: str) -> dict:
+        message = {"role": self.role, "content": self.content,
+                   **({"tool_calls": self.tool_calls} if self.tool_calls else {})}
+        images = [from_base64(image, f"{where}.images[{i}]") for i, image in enumerate(self.images or ())]
+        return with_images(message, images)
 
 
 class ChatRequest(Loose):
@@ -90,20 +97,25 @@ def router(served: Served) -> APIRouter:
     @api.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         served.check_model(body.model)
-        _refuse(body, ("images", "template", "context"))
+        _refuse(body, ("template", "context"))
         if not body.prompt and body.suffix is None and not body.raw:
             # Ollama loads the model and answers done for an empty prompt.
             return Response(compact({"model": body.model, "created_at": _now(), "response": "", "done": True,
                                      "done_reason": "load"}) + b"\n", media_type="application/x-ndjson")
 
         def prepare() -> tuple[list[int], str | None]:  # (on a thread: templates, tokenizing, schemas take a while)
+            images = [from_base64(image, f"images[{i}]") for i, image in enumerate(body.images or ())]
+            if body.raw and images:
+                body.prompt = MEDIA_MARKER * len(images) + body.prompt
             if body.suffix is not None and not body.raw:
+                if images:
+                    raise ApiError(400, "images are not taken with a suffix (fill-in-the-middle).")
                 tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
             elif body.raw:
-                tokens = served.text_tokens(body.prompt, special=True)
+                tokens = served.text_tokens(body.prompt, special=True, images=images)
             else:
                 messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
-                    [{"role": "user", "content": body.prompt}]
+                    [with_images({"role": "user", "content": body.prompt}, images)]
                 tokens = served.chat_tokens(messages)
             return tokens, _format(body.format)
 
@@ -115,14 +127,11 @@ def router(served: Served) -> APIRouter:
     @api.post("/chat")
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        for message in body.messages:
-            _refuse(message, ("images",), "messages[].")
-
         def prepare() -> tuple[list[Tool], list[int], str | None]:
             tools = tools_of(body.tools)
             if tools:
                 check_template(served.engine.chat_template)
-            messages = template_messages([m.for_template() for m in body.messages])
+            messages = template_messages([m.for_template(f"messages[{i}]") for i, m in enumerate(body.messages)])
             tokens = served.chat_tokens(messages, [t.as_template_value() for t in tools] or None)
             return tools, tokens, _format(body.format)
 
@@ -135,7 +144,7 @@ def router(served: Served) -> APIRouter:
 
 
 def _refuse(body: Loose, names: tuple[str, ...], prefix: str = "") -> None:
-    """Ollama fields localspec does not implement (images for vision models, a custom template, the
+    """Ollama fields localspec does not implement (a custom template, the
     deprecated token `context`): a 400 naming them when they are used, never silently ignored."""
     for name in names:
         if (body.model_extra or {}).get(name):

@@ -15,7 +15,9 @@ from pydantic import Field
 
 from localspec.call_stream import CallStart, CallStream, Piece, Text
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.session import MEDIA_MARKER
 from localspec.server import logprobs as lp
+from localspec.server.images import ImageSources, from_url
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect,
                                      compact, fim_tokens, finish_reason, speculation, stream)
 from localspec.structured import (Tool, call_grammar, check_template, json_grammar, llama_cpp_grammar,
@@ -35,8 +37,11 @@ class ChatMessage(Loose):
     tool_call_id: str | None = None        # a tool's result: which call it answers
     name: str | None = None
 
-    def for_template(self) -> dict:
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": _text(self.content)}
+    def for_template(self, sources: ImageSources = ImageSources()) -> dict:
+        text, images = _content(self.content, sources)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if images:
+            out["images"] = images
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
@@ -77,18 +82,25 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None   # legacy completions: the alternatives per token (0: the token's own only)
 
 
-def _text(content) -> str:
+def _content(content, sources: ImageSources) -> tuple[str, list[bytes]]:
+    """A message's text, with MEDIA_MARKER where each of its `image_url` parts stands, and those images."""
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") == "text":
+        return content, []
+    parts, images = [], []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
             parts.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            ref = part.get("image_url")
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            images.append(from_url(str(url or ""), sources, f"content[{i}].image_url"))
+            parts.append(MEDIA_MARKER)
         else:
-            raise ApiError(400, f"Message parts of type '{part.get('type')}' are not supported; send text.")
-    return "".join(parts)
+            raise ApiError(400, f"Message parts of type '{kind}' are not supported; send text or image_url.")
+    return "".join(parts), images
 
 
 def router(served: Served) -> APIRouter:
@@ -107,7 +119,7 @@ def router(served: Served) -> APIRouter:
 
         def prepare() -> tuple[list[Tool], str | None, list[int]]:  # (on a thread: schemas, template, tokenizing)
             tools, grammar = _structure(served, body)
-            messages = template_messages([m.for_template() for m in body.messages])
+            messages = template_messages([m.for_template(ImageSources(served.images_from_files, served.images_from_urls)) for m in body.messages])
             listed = [t.as_template_value() for t in tools] or None
             return tools, grammar, served.chat_tokens(messages, listed)
 

@@ -171,7 +171,8 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
           n_ctx: int, drafter: str, n_gpu_layers: int | None, say: Callable[[str], None], slots: int = 4,
           temperature: float | None = None, history: str = "saved", placement: dict | None = None,
           cache_reuse: int = 16, flash_attn: bool | None = None, max_body: int | None = None,
-          interject: bool = True, join: bool = True, embedding_model: str | None = None) -> None:
+          interject: bool = True, join: bool = True, embedding_model: str | None = None,
+          mmproj: str | None = None, images_from: tuple[bool, bool] = (False, False)) -> None:
     import uvicorn
 
     from localspec.loader import load
@@ -184,10 +185,12 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
     unix = bind_unix(socket_path) if socket_path else None
     say(f"Loading {entry_id}…")
     engine = load(entry_id, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=n_gpu_layers,
-                  slots=slots, history=history, cache_reuse=cache_reuse, flash_attn=flash_attn, **(placement or {}))
+                  slots=slots, history=history, cache_reuse=cache_reuse, flash_attn=flash_attn, mmproj=mmproj,
+                  **(placement or {}))
     for warning in engine.warnings:
         say(f"warning: {warning}")
     served = served_for(engine, entry_id, temperature, interject, join)
+    served.images_from_files, served.images_from_urls = images_from
     if embedding_model:
         say(f"Loading {embedding_model} for embeddings…")
         try:

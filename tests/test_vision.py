@@ -1,0 +1,257 @@
+"""Images in prompts (engine/backend/vision.py): the tests' SmolLM2 with a random-weight projector
+(mtmd's `mlp` type), held to what llama.cpp's own `llama-mtmd-cli` answered about the same images
+(tests/data/mtmd_reference.json, recorded by tests/fixtures/mtmd_reference.py), with the drafts on."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localspec.engine.backend.llama import media_runs
+from localspec.engine.backend.vision import ImageError, media_id
+from localspec.engine.drafters import Draft, text_only
+from localspec.engine.events import Prefill, Summary
+from localspec.engine.files import load_files
+from localspec.engine.sampling import SamplingSettings
+from localspec.engine.session import MEDIA_MARKER, with_images
+from localspec.errors import LocalspecError, ModelFileError
+from servers import serving
+from tests.conftest import TEST_CACHE
+
+HERE = Path(__file__).parent
+REFERENCE = json.loads((HERE / "data" / "mtmd_reference.json").read_text())
+_spec = importlib.util.spec_from_file_location("mtmd_reference", HERE / "fixtures" / "mtmd_reference.py")
+RECORDER = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(RECORDER)  # type: ignore[union-attr]
+GREEDY = SamplingSettings(temperature=0.0)
+IMAGE_A, IMAGE_B = RECORDER.png(RECORDER.IMAGES["a"]), RECORDER.png(RECORDER.IMAGES["b"])
+
+
+@pytest.fixture(scope="module")
+def projector_path(smollm2_path) -> Path:
+    folder = TEST_CACHE / "random-ggufs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "mmproj-for-smollm2-135m.gguf"
+    if not path.exists():
+        RECORDER.write_projector(path, smollm2_path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path, smollm2_q2k_path, projector_path):
+    engine = load_files(smollm2_path, draft_path=smollm2_q2k_path, mmproj=projector_path, calibrate=False,
+                        history="off", n_ctx=2048)
+    yield engine
+    engine.close()
+
+
+def answer(events) -> Summary:
+    return [e for e in events if isinstance(e, Summary)][-1]
+
+
+def test_the_projector_is_the_one_the_reference_ran_on(projector_path):
+    assert hashlib.sha256(projector_path.read_bytes()).hexdigest() == REFERENCE["projector_sha256"]
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE["answers"]))
+def test_greedy_answers_about_an_image_equal_llama_mtmd_clis(engine, name):
+    image = RECORDER.png(RECORDER.IMAGES[name])
+    tokens = engine.image_tokens(REFERENCE["prompt"], [image])
+    assert sum(t < 0 for t in tokens) == 16  # the projector's 16 embeddings, one position each
+    summary = answer(engine.generate(tokens, max_tokens=REFERENCE["tokens"], sampling=GREEDY, drafter="none"))
+    assert summary.text == REFERENCE["answers"][name]
+
+
+def test_the_two_images_give_different_answers():
+    assert REFERENCE["answers"]["a"] != REFERENCE["answers"]["b"]  # (the image is read, not ignored)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "auto"])
+def test_a_drafted_answer_after_an_image_equals_the_plain_one(engine, drafter):
+    messages = [with_images({"role": "user", "content": "Describe the image, then describe it again."}, [IMAGE_B])]
+    plain = answer(engine.chat(messages, max_tokens=48, sampling=GREEDY, drafter="none"))
+    # (a fixed length: the engine is not calibrated here, and would not bet without its costs)
+    drafted = answer(engine.chat(messages, max_tokens=48, sampling=GREEDY, drafter=drafter, draft_len=4))
+    assert drafted.text == plain.text
+    assert drafted.drafted > 0
+    if drafter == "model":  # the draft model (no projector) drafts from the text it sees, and is kept
+        assert drafted.accepted > 0
+
+
+def test_a_follow_up_on_the_same_image_encodes_nothing_and_evaluates_only_its_new_text(engine):
+    first = [with_images({"role": "user", "content": "What is in this picture?"}, [IMAGE_A])]
+    events = list(engine.chat(first, max_tokens=8, sampling=GREEDY, drafter="none"))
+    reply = answer(events).text
+    encoded = engine.projector.encoded
+    follow_up = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And the colours?"}]
+    events = list(engine.chat(follow_up, max_tokens=8, sampling=GREEDY, drafter="none"))
+    prefill = next(e for e in events if isinstance(e, Prefill))
+    assert engine.projector.encoded == encoded
+    new_text = len(engine.chat_tokens(follow_up)) - len(engine.chat_tokens(first))
+    assert prefill.evaluated <= new_text + len(engine.target.vocab.tokenize(reply, add_special=False)) + 2
+    assert prefill.cached >= sum(t < 0 for t in engine.chat_tokens(first))
+
+
+def test_two_images_in_one_message_stand_in_order(engine):
+    tokens = engine.chat_tokens([with_images({"role": "user", "content": "Compare them."}, [IMAGE_A, IMAGE_B])])
+    images = [run for _first, run in media_runs(tokens) if run[0] < 0]
+    assert [len(run) for run in images] == [16, 16] and images[0] != images[1]
+
+
+@pytest.mark.parametrize("data, complaint", [
+    (b"GIF87a not really", "not an image"),
+    (IMAGE_A[:60], "not an image"),
+    (b"", "empty"),
+])
+def test_a_bad_image_is_refused_with_a_clear_message(engine, data, complaint):
+    with pytest.raises(ImageError, match=complaint):
+        engine.chat_tokens([with_images({"role": "user", "content": "?"}, [data])])
+    summary = answer(engine.generate("Hello", max_tokens=2, sampling=GREEDY))  # the engine still answers
+    assert summary.stop_reason in ("length", "eog")
+
+
+def test_an_image_over_the_pixel_limit_is_refused(engine, monkeypatch):
+    from localspec.engine.backend import vision
+
+    monkeypatch.setattr(vision, "MAX_PIXELS", 1000)
+    with pytest.raises(ImageError, match="64x40 pixels"):
+        engine.image_tokens(MEDIA_MARKER + "?", [IMAGE_A])
+
+
+def test_markers_and_images_must_agree(engine):
+    with pytest.raises(ImageError, match="2 places for images and 1 images"):
+        engine.image_tokens(MEDIA_MARKER * 2, [IMAGE_A])
+
+
+def test_a_model_without_a_projector_names_what_is_missing(smollm2_path):
+    engine = load_files(smollm2_path, calibrate=False, history="off", n_ctx=512, drafter="none")
+    try:
+        with pytest.raises(LocalspecError, match="cannot see images.*--mmproj"):
+            engine.chat_tokens([with_images({"role": "user", "content": "?"}, [IMAGE_A])])
+        with pytest.raises(LocalspecError, match="outside this model's vocabulary"):
+            list(engine.generate([1, media_id(0, 0)], max_tokens=2))
+    finally:
+        engine.close()
+
+
+def test_a_projector_for_another_model_is_named_at_load(qwen_coder_path, projector_path):
+    with pytest.raises(ModelFileError, match="mismatch between text model"):
+        load_files(qwen_coder_path, mmproj=projector_path, calibrate=False, history="off", n_ctx=512, drafter="none")
+
+
+def test_a_gguf_that_is_not_a_projector_is_named(smollm2_path):
+    with pytest.raises(ModelFileError, match="not an image projector"):
+        load_files(smollm2_path, mmproj=smollm2_path, calibrate=False, history="off", n_ctx=512, drafter="none")
+
+
+def test_media_runs_split_text_and_each_image():
+    a, b = [media_id(3, r) for r in range(3)], [media_id(4, r) for r in range(2)]
+    again = [media_id(3, r) for r in range(3)]
+    runs = media_runs([1, 2, *a, *again, 5, *b])
+    assert runs == [(0, [1, 2]), (2, a), (5, again), (8, [5]), (9, b)]
+
+
+def test_a_draft_never_proposes_an_image_position():
+    draft = text_only(Draft(tokens=[5, 6, media_id(0, 0), 7], source="ngram"))
+    assert draft.tokens == [5, 6]
+    assert text_only(Draft(tokens=[5])).tokens == [5]
+
+
+# ----------------------------------------------------------------------------- on the wire
+
+
+def data_uri(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+@pytest.fixture(scope="module")
+def vision_server(smollm2_path, projector_path):
+    with serving(smollm2_path, "smollm2", 2048, slots=2, mmproj=str(projector_path)) as running:
+        yield running
+
+
+def engine_answer(running, messages, max_tokens=16) -> str:
+    """What the served engine answers the same messages in process (greedy, no drafts)."""
+    return answer(running.served.engine.chat(messages, max_tokens=max_tokens, sampling=GREEDY, drafter="none")).text
+
+
+def test_the_openai_sdk_sends_a_data_uri_and_gets_the_answer_about_that_image(vision_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=vision_server.url + "/v1", api_key="unused")
+    answers = {}
+    for name, image in (("a", IMAGE_A), ("b", IMAGE_B)):
+        reply = client.chat.completions.create(model="smollm2", max_tokens=16, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Describe this: "},
+                                         {"type": "image_url", "image_url": {"url": data_uri(image)}}]}])
+        answers[name] = reply.choices[0].message.content
+        expected = [{"role": "user", "content": "Describe this: " + MEDIA_MARKER, "images": [image]}]
+        assert answers[name] == engine_answer(vision_server, expected)
+    assert answers["a"] != answers["b"]
+
+
+def test_the_ollama_client_sends_images_and_gets_the_answer_about_them(vision_server):
+    import ollama
+
+    client = ollama.Client(host=vision_server.url)
+    reply = client.chat(model="smollm2", options={"temperature": 0, "num_predict": 16},
+                        messages=[{"role": "user", "content": "What is this?", "images": [IMAGE_B]}])
+    expected = [with_images({"role": "user", "content": "What is this?"}, [IMAGE_B])]
+    assert reply.message.content == engine_answer(vision_server, expected)
+    generated = client.generate(model="smollm2", prompt="What is this?", images=[IMAGE_B],
+                                options={"temperature": 0, "num_predict": 16})
+    assert generated.response == reply.message.content  # (the same conversation, sent the other way)
+
+
+def test_llama_cpps_multimodal_data_on_completion(vision_server):
+    body = {"prompt": {"prompt_string": REFERENCE["prompt"], "multimodal_data": [base64.b64encode(IMAGE_A).decode()]},
+            "n_predict": REFERENCE["tokens"], "temperature": 0}
+    reply = httpx.post(vision_server.url + "/completion", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"] == REFERENCE["answers"]["a"]
+
+
+def test_two_requests_with_images_at_once_both_answer_as_alone(vision_server):
+    def ask(image: bytes) -> str:
+        reply = httpx.post(vision_server.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri(image)}},
+                                             {"type": "text", "text": "Tell me about it."}]}]})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["message"]["content"]
+
+    alone = [ask(IMAGE_A), ask(IMAGE_B)]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(ask, [IMAGE_A, IMAGE_B]))
+    assert together == alone
+
+
+@pytest.mark.parametrize("url, complaint", [
+    ("https://example.com/cat.png", "--allow-image-urls"),
+    ("file:///etc/hostname", "--allow-image-files"),
+    ("data:image/png;base64,@@@", "not valid base64"),
+    ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "not an image"),
+])
+def test_an_image_the_server_will_not_use_is_a_400_and_it_keeps_serving(vision_server, url, complaint):
+    reply = httpx.post(vision_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2", "max_tokens": 4, "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+    assert reply.status_code == 400 and complaint in reply.text
+    ok = httpx.post(vision_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    assert ok.status_code == 200
+
+
+def test_a_text_only_model_answers_images_with_a_400_naming_it(smollm2_path):
+    with serving(smollm2_path, "smollm2-text", 512) as running:
+        reply = httpx.post(running.url + "/api/chat", timeout=60, json={
+            "model": "smollm2-text", "stream": False,
+            "messages": [{"role": "user", "content": "?", "images": [base64.b64encode(IMAGE_A).decode()]}]})
+        assert reply.status_code == 400 and "smollm2-text" in reply.text and "--mmproj" in reply.text
