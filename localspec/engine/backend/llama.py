@@ -293,9 +293,9 @@ class Model(_Metadata):
 
     def attach_projector(self, projector: "Projector") -> None:
         """Images in prompts, evaluated through `projector` (a vision.Projector loaded on this model)."""
-        if self._followers:
-            raise LocalspecError("Images beside a drafting head (MTP, EAGLE-3, DFlash) are not supported yet; "
-                                 "load with --drafter model, ngram or none.")
+        if any(not head.follows_images for head in self._followers):
+            raise LocalspecError("Images beside a head that keeps a cache of the target's tokens (MTP, EAGLE-3, "
+                                 "DFlash) are not supported yet; load with --drafter model, ngram or none.")
         self.projector = projector
         self.attach(projector.close)
 
