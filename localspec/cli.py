@@ -94,17 +94,36 @@ def rm(entry_id: str, yes: bool) -> None:
 
 @cli.command()
 @click.argument("target")
-@click.argument("draft")
-def check(target: str, draft: str) -> None:
-    """Can DRAFT draft for TARGET? Each of llama.cpp's pairing rules, pass or fail.
+@click.argument("draft", required=False)
+@click.option("--mmproj", default=None, metavar="ID|PATH",
+              help="Also check an image projector for TARGET (loads both; the catalog's is checked without it).")
+def check(target: str, draft: str | None, mmproj: str | None) -> None:
+    """Can DRAFT draft for TARGET? Each of llama.cpp's pairing rules, pass or fail; and can TARGET see images?
 
     TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
     """
+    from localspec.names import catalog_projector, model_file
+
+    projector = model_file(mmproj) if mmproj else catalog_projector(target)
+    if draft is None and projector is None:
+        raise click.UsageError("Give a DRAFT to check as a pair, or --mmproj to check an image projector.")
+    paired = _check_pair(model_file(target), model_file(draft)) if draft is not None else True
+    if projector is not None:
+        from localspec.engine.files import projector_problem
+
+        problem = projector_problem(model_file(target), projector)
+        mark = click.style("FAIL", fg="red", bold=True) if problem else click.style("pass", fg="green")
+        click.echo(f"images: {projector}")
+        click.echo(f"  {mark}  {problem or 'the projector loads on this target: it sees images'}")
+        paired = paired and not problem
+    if not paired:
+        sys.exit(1)
+
+
+def _check_pair(target_path: Path, draft_path: Path) -> bool:
     from localspec.engine.backend import VocabFile
     from localspec.engine.pairing import check_pair, hidden_state_width
-    from localspec.names import model_file
 
-    target_path, draft_path = model_file(target), model_file(draft)
     with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
         report = check_pair(tv.vocab, dv.vocab)
         decoding = tv.decoding(), dv.decoding()
@@ -120,7 +139,7 @@ def check(target: str, draft: str) -> None:
         click.echo("These two can be paired.")
     else:
         click.echo(f"Not compatible: {report.first_failure}")
-        sys.exit(1)
+    return report.ok
 
 
 @cli.command()
@@ -243,9 +262,10 @@ def run(entry_id, prompt, drafter, draft_len, tree_leaves, temperature, top_k, t
                                               "loading models in this process.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="The server's Unix socket for --connect (default: the one `localspec serve` uses).")
+@mmproj_option
 @no_history_option
 @rpc_options
-def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_drafts, rpc, rpc_allow_public,
+def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, mmproj, no_history_drafts, rpc, rpc_allow_public,
          tensor_split) -> None:
     """Chat in the terminal and watch speculative decoding at work.
 
@@ -262,9 +282,12 @@ def chat(entry_id, drafter, n_ctx, gpu_layers, connect, socket_path, no_history_
         provider = RemoteProvider(socket_path)
     if n_ctx < 64:
         raise click.BadParameter("must be at least 64", param_hint="--ctx")
+    if mmproj and (connect or not entry_id):
+        raise click.UsageError("--mmproj goes with the model it projects for (chat MODEL --mmproj PATH), not with "
+                               "--connect (serve takes it there).")
     placement = {} if connect else rpc_load_options(rpc, rpc_allow_public, tensor_split)
     app = create_app(entry_id, drafter=drafter, provider=provider, n_ctx=n_ctx, n_gpu_layers=gpu_layers,
-                     no_history_drafts=no_history_drafts, placement=placement, yield_cpu=None)
+                     no_history_drafts=no_history_drafts, placement=placement, yield_cpu=None, mmproj=mmproj)
     app.run()
 
 

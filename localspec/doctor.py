@@ -32,6 +32,10 @@ def report() -> list[str]:
 
     heads = unavailable()
     say(f"hidden-state drafts {'no: ' + heads if heads else 'yes: MTP heads in a target file (mtp), EAGLE-3 drafts (eagle3), DFlash drafts (dflash)'}")
+    from localspec.engine.backend.vision import available as images_unavailable
+
+    blind = images_unavailable()
+    say(f"images              {'no: ' + blind if blind else 'yes, for a model loaded with its projector (--mmproj PATH, or a catalog model that lists one); not yet for M-RoPE projectors (Qwen-VL, Qwen3.5)'}")
     if not gpu:
         say("With an NVIDIA GPU and the CUDA toolkit, `bash setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localspec.engine.api import Engine
 from localspec.engine.files import load_files
 from localspec.errors import LocalspecError
-from localspec.names import resolve
+from localspec.names import catalog_projector, resolve
 
 if TYPE_CHECKING:
     from localspec.engine.calibration import Calibration
@@ -47,6 +47,9 @@ def _opener(id_or_path: str, *, draft: str | None = None, self_draft: str | Path
     (default: by their free memory). `options` are `engine.files.load_files`'s: drafter, draft_len,
     n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, calibrate, slots, history, flash_attn."""
     target_path, draft_path = resolve(id_or_path, draft)
+    if options.get("mmproj") is None and (listed := catalog_projector(id_or_path)) is not None:
+        # the catalog's projector, pulled with the target: images on where it loads, a warning where not
+        options = {**options, "mmproj": listed, "mmproj_optional": True}
     if options.get("drafter") == "self" and self_draft is None:
         from localspec.selfdraft import find_self_draft, no_self_draft
 

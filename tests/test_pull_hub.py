@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -103,7 +104,8 @@ def test_auto_without_a_mirror_reports_the_unreachable_hub(monkeypatch):
     assert "127.0.0.1:9" in str(err.value)
 
 
-@pytest.mark.parametrize("model_id", ["qwen3.5-0.8b-q4_k_m", "qwen3.5-4b-q4_k_m", "lfm2.5-1.2b-instruct-q4_k_m"])
+@pytest.mark.parametrize("model_id", ["qwen3.5-0.8b-q4_k_m", "qwen3.5-4b-q4_k_m", "lfm2.5-1.2b-instruct-q4_k_m",
+                                      "gemma-4-e4b-it-mmproj", "gemma-4-12b-it-assistant", "qwen3.8-27b-mmproj"])
 def test_shipped_2026_entries_pull_from_their_pinned_revision(hub, model_id):
     """The catalog's hybrid targets go through the same Hub path: the pinned revision and file are
     asked for, and bytes other than the pinned ones are refused and deleted."""
@@ -118,3 +120,30 @@ def test_shipped_2026_entries_pull_from_their_pinned_revision(hub, model_id):
     asked = [path for method, path, _range in hub.requests if method == "GET" and "/resolve/" in path]
     assert asked == [f"/{model.hub.repo}/resolve/{model.hub.revision}/{file.name}"]
     assert locate(model) is None
+
+
+def test_a_targets_image_projector_is_pulled_with_it_and_found_at_load(hub):
+    """A catalog model that lists its projector (`mmproj: ID`) brings it along; the loader then finds it."""
+    import yaml
+
+    from localspec import paths
+    from localspec.names import catalog_projector
+    from localspec.pull import pull_entry
+
+    weights, projector = b"GGUF target bytes", b"GGUF projector bytes"
+    entry = lambda name, data: {"hub": {"repo": REPO, "revision": REVISION, "files": [
+        {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}}
+    catalog = {"models": {"seeing": {**entry("seeing.gguf", weights), "mmproj": "seeing-mmproj"},
+                          "seeing-mmproj": {**entry("mmproj.gguf", projector), "family": "clip"}}}
+    paths.ensure(paths.config_dir())
+    paths.user_catalog_file().write_text(yaml.safe_dump(catalog))
+    hub.add(REPO, "seeing.gguf", weights)
+    hub.add(REPO, "mmproj.gguf", projector)
+    said: list[str] = []
+    from localspec.catalog import load_catalog
+
+    assert catalog_projector("seeing") is None  # (not pulled yet)
+    records = pull_entry(load_catalog().models["seeing"], source="hub", say=said.append)
+    assert [Path(r.path).read_bytes() for r in records] == [weights, projector]
+    assert "[2/2] image projector: seeing-mmproj" in said
+    assert catalog_projector("seeing") == Path(records[1].path)

@@ -77,6 +77,7 @@ class Engine:
         # Every request being generated is a lane of the core's one step loop (engine/core.py).
         self.core = Core(target, self.slots, self.cost, self.plain_rounds, learn=self._learn)
         self.ownership = Ownership()  # one thread's requests, or the measuring between requests
+        self.load_warnings: list[str] = []  # what the loader met and the user should hear (files.load_files)
 
     # ------------------------------------------------------------------ setup
 
@@ -101,7 +102,7 @@ class Engine:
     @property
     def warnings(self) -> list[str]:
         """Problems met at load that the user should hear about (a stored history ignored, say)."""
-        warnings = [d.warning for d in self._drafters if d.warning]
+        warnings = [d.warning for d in self._drafters if d.warning] + self.load_warnings
         if self.target.max_rollback == 0 and self.options.drafter != "none":
             warnings.append(plain_only_warning(self.target))
         return warnings
@@ -133,6 +134,10 @@ class Engine:
 
     def chat_tokens(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         return self.template.tokens(self.target.vocab, messages, tools, media=self.projector)
+
+    @property
+    def sees_images(self) -> bool:
+        return self.projector is not None
 
     @property
     def projector(self):

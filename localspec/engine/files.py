@@ -31,6 +31,7 @@ def load_files(
     flash_attn: bool | None = None,
     tree_leaves: int | None = None,
     mmproj: str | Path | None = None,
+    mmproj_optional: bool = False,
 ) -> Engine:
     """An engine on GGUF files: the target, optionally a draft model and a self-draft (catalog ids are
     resolved a layer up, in `localspec.loader`). Pairs are checked before any weights are read.
@@ -40,7 +41,8 @@ def load_files(
     devices for every layer of the target (RPC workers, see localspec.rpc), split by `tensor_split`;
     `placement` names them for the calibration cache. The draft stays local. `flash_attn`: None lets
     llama.cpp decide (settings.yaml's flash_attention). `mmproj`: the target's image projector (images in
-    prompts, engine/backend/vision.py)."""
+    prompts, engine/backend/vision.py); `mmproj_optional`: one that cannot be loaded is a warning, not an error
+    (the catalog's, loaded without being asked for)."""
     from localspec.engine.backend import Model, ModelOptions
     from localspec.engine.backend.assistant import Gemma4Assistant
     from localspec.engine.backend.dflash import DFlashDraft
@@ -88,22 +90,51 @@ def load_files(
         elif draft_path is not None and dflash_draft:
             dflash = DFlashDraft(Path(draft_path), target)  # the same, a block at a time
             draft_path = None
-        if mmproj is not None:
-            from localspec.engine.backend.vision import Projector
-
-            target.attach_projector(Projector(mmproj, target, threads=loaded.threads(), use_gpu=loaded.gpu_layers() != 0))
+        unseeing = _attach_projector(target, mmproj, mmproj_optional) if mmproj is not None else None
         draft_model = Model(Path(draft_path), local) if draft_path is not None else None
         self_model = Model(Path(self_draft_path), local) if self_draft_path is not None else None
         options = EngineOptions(drafter=drafter, draft_len=draft_len, calibrate=calibrate,
                                 history_drafts=history != "off", cache_reuse=cache_reuse, tree_leaves=tree_leaves)
-        return Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3, dflash=dflash,
-                      assistant=assistant,
-                      history_file=paths.history_index_file(target_path) if history == "saved" else None)
+        engine = Engine(target, draft_model, options, self_draft=self_model, eagle3=eagle3, dflash=dflash,
+                        assistant=assistant,
+                        history_file=paths.history_index_file(target_path) if history == "saved" else None)
+        if unseeing:
+            engine.load_warnings.append(f"images are off: {unseeing}")
+        return engine
     except BaseException:
         for model in (target, draft_model, self_model):
             if model is not None:
                 model.close()
         raise
+
+
+def projector_problem(target_path: str | Path, mmproj: str | Path) -> str | None:
+    """Why `mmproj` cannot give the target at `target_path` images (None: it can), found by loading both as
+    `load_files` would (the target's weights on the CPU, a small context)."""
+    from localspec.engine.backend import Model, ModelOptions
+
+    target = Model(Path(target_path), ModelOptions(n_ctx=256, n_gpu_layers=0))
+    try:
+        return _attach_projector(target, mmproj, optional=True)
+    finally:
+        target.close()
+
+
+def _attach_projector(target, mmproj: str | Path, optional: bool) -> str | None:
+    """Images in the target's prompts through `mmproj`; where it cannot be loaded and is `optional`, why not
+    (for a warning: the model answers text)."""
+    from localspec.engine.backend.vision import Projector
+    from localspec.errors import LocalspecError
+
+    try:
+        projector = Projector(mmproj, target, threads=target.options.threads(),
+                              use_gpu=target.options.gpu_layers() != 0)
+        target.attach_projector(projector)
+    except LocalspecError as exc:
+        if not optional:
+            raise
+        return str(exc)
+    return None
 
 
 def _require_pair(target_path: Path, draft_path: Path, complaint: str) -> None:

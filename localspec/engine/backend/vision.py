@@ -44,6 +44,15 @@ def media_row(token: int) -> tuple[int, int]:
     return divmod(-1 - token, MEDIA_ROWS)
 
 
+def available() -> str | None:
+    """Why this build cannot read images (None: it can): llama-cpp-python's mtmd library must load."""
+    try:
+        M.mtmd_default_marker()
+    except (OSError, AttributeError) as exc:
+        return f"llama-cpp-python's libmtmd does not load ({exc})"
+    return None
+
+
 class ImageError(LocalspecError):
     """An image the user sent that cannot be used (not an image, truncated, too large, no projector)."""
 
