@@ -6,6 +6,7 @@ Add new ones at the end of MIGRATIONS; never edit one that has shipped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -42,6 +43,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE messages ADD COLUMN stats TEXT;
     ALTER TABLE messages ADD COLUMN spans TEXT;
     """,
+    # 3: the images a prompt carries, by content hash ([{"sha256", "name"}]; the bytes under images_dir)
+    """
+    ALTER TABLE messages ADD COLUMN images TEXT;
+    """,
 ]
 
 # An answer is saved as "streaming" while it is written (about once a second); one still "streaming" when
@@ -69,6 +74,7 @@ class MessageRow:
     stats: dict | None
     spans: list | None      # [[kind, text], ...] with kind in accepted | rejected | target
     created: float
+    images: list | None = None  # [{"sha256": ..., "name": ...}, ...]: a prompt's images (read_image)
 
     @property
     def summary(self) -> Summary | None:
@@ -150,16 +156,16 @@ class History:
     # ------------------------------------------------------------------ messages
 
     def add(self, conversation_id: int, role: str, content: str, *, status: str = "complete",
-            stats: dict | None = None, spans: list | None = None) -> MessageRow:
+            stats: dict | None = None, spans: list | None = None, images: list | None = None) -> MessageRow:
         if status not in STATUSES:
             raise ValueError(status)
         now = time.time()
         self.db.execute("BEGIN")  # autocommit connection: make the message and the timestamp one change
         try:
             cur = self.db.execute(
-                "INSERT INTO messages (conversation_id, role, content, status, stats, spans, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, content, status, _dump(stats), _dump(spans), now),
+                "INSERT INTO messages (conversation_id, role, content, status, stats, spans, created, images) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, status, _dump(stats), _dump(spans), now, _dump(images or None)),
             )
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         except BaseException:
@@ -230,4 +236,23 @@ def _conversation(row) -> ConversationRow:
 def _message(row) -> MessageRow:
     # Column order: the table's, then columns added by later migrations.
     return MessageRow(id=row[0], conversation_id=row[1], role=row[2], content=row[3], created=row[4],
-                      status=row[5], stats=_load(row[6]), spans=_load(row[7]))
+                      status=row[5], stats=_load(row[6]), spans=_load(row[7]), images=_load(row[8]))
+
+
+def save_image(data: bytes) -> str:
+    """Keep an attached image under images_dir by its sha256 (written once, atomically); its hash."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = paths.ensure(paths.images_dir()) / digest
+    if not path.exists():
+        partial = path.with_name(digest + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+    return digest
+
+
+def read_image(digest: str) -> bytes | None:
+    """An attached image by its hash; None once its file is gone."""
+    try:
+        return (paths.images_dir() / digest).read_bytes()
+    except OSError:
+        return None

@@ -215,6 +215,10 @@ class HostedEngine(OneRequestAtATime):
         return self._template.tokens(self.target.vocab, messages, tools)
 
     @property
+    def sees_images(self) -> bool:
+        return False
+
+    @property
     def projector(self) -> None:
         return None  # (images are evaluated in process only)
 

@@ -72,6 +72,11 @@ def history_db() -> Path:
     return data_dir() / "history.sqlite3"
 
 
+def images_dir() -> Path:
+    """Images attached in the chat app, one file per content hash (conversations refer to them by it)."""
+    return data_dir() / "images"
+
+
 def server_socket() -> Path:
     """Where `localspec serve` listens by default, and `chat --connect` dials."""
     return runtime_dir() / "localspec.sock"

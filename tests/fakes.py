@@ -82,6 +82,7 @@ class ScriptedEngine(OneRequestAtATime):
         return self.vocab.tokenize(listed + "".join(f"<{m['role']}>{m['content']}" for m in messages))
 
     projector = None  # (text only)
+    sees_images = False
 
     def image_tokens(self, text, images):
         raise LocalspecError("This model cannot see images.")

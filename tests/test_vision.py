@@ -8,12 +8,14 @@ import base64
 import hashlib
 import importlib.util
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from localspec.config import ChatSettings, UserConfig
 from localspec.engine.backend.llama import media_runs
 from localspec.engine.backend.vision import ImageError, media_id
 from localspec.engine.drafters import Draft, text_only
@@ -151,6 +153,54 @@ def test_a_gguf_that_is_not_a_projector_is_named(smollm2_path):
         load_files(smollm2_path, mmproj=smollm2_path, calibrate=False, history="off", n_ctx=512, drafter="none")
 
 
+def test_a_gemma4_assistant_drafts_after_an_image_and_its_answer_equals_plain(smollm2_path):
+    """The assistant keeps only the target's states, which an image's rows have as text's do: it follows
+    an image's decode, and drafts after it."""
+    from reference_drafts import SCRIPT
+
+    folder = TEST_CACHE / "random-ggufs"
+    assistant = folder / "gemma4-assistant-tiny-stdev0.1.gguf"
+    target = SCRIPT.target_path(assistant)
+    if not (target.exists() and assistant.exists()):
+        SCRIPT.write_pair(assistant, smollm2_path, "mtp-gemma4")
+    projector = folder / "mmproj-for-gemma4-tiny.gguf"
+    if not projector.exists():
+        RECORDER.write_projector(projector, target)
+    engine = load_files(target, draft_path=assistant, drafter="mtp", mmproj=projector, calibrate=False,
+                        history="off", n_ctx=1024)
+    try:
+        tokens = engine.image_tokens(MEDIA_MARKER + "one two three four five six seven eight nine ten one two",
+                                     [IMAGE_A])
+        plain = answer(engine.generate(tokens, max_tokens=40, sampling=GREEDY, drafter="none"))
+        drafted = answer(engine.generate(tokens, max_tokens=40, sampling=GREEDY, drafter="mtp", draft_len=3))
+        assert drafted.text == plain.text
+        assert drafted.drafted_by_drafter.get("mtp", 0) > 0 and drafted.accepted > 0
+    finally:
+        engine.close()
+
+
+def test_an_m_rope_projector_is_refused_by_name_and_a_catalog_one_is_a_warning(smollm2_path):
+    """Qwen3.5's positions are M-RoPE (llama.cpp's IMROPE): an image takes fewer positions than rows, which
+    localspec does not lay out yet."""
+    from reference_drafts import SCRIPT
+
+    target = TEST_CACHE / "random-ggufs" / "qwen35-tiny-mtp1-stdev0.06.gguf"
+    if not target.exists():
+        SCRIPT.write_file(target, smollm2_path, "mtp")
+    projector = TEST_CACHE / "random-ggufs" / "mmproj-for-qwen35-tiny.gguf"
+    if not projector.exists():
+        RECORDER.write_projector(projector, target)
+    with pytest.raises(ModelFileError, match="M-RoPE"):
+        load_files(target, mmproj=projector, calibrate=False, history="off", n_ctx=512, drafter="none")
+    engine = load_files(target, mmproj=projector, mmproj_optional=True, calibrate=False, history="off", n_ctx=512,
+                        drafter="none")
+    try:
+        assert not engine.sees_images
+        assert any(w.startswith("images are off") and "M-RoPE" in w for w in engine.warnings)
+    finally:
+        engine.close()
+
+
 def test_media_runs_split_text_and_each_image():
     a, b = [media_id(3, r) for r in range(3)], [media_id(4, r) for r in range(2)]
     again = [media_id(3, r) for r in range(3)]
@@ -255,3 +305,110 @@ def test_a_text_only_model_answers_images_with_a_400_naming_it(smollm2_path):
             "model": "smollm2-text", "stream": False,
             "messages": [{"role": "user", "content": "?", "images": [base64.b64encode(IMAGE_A).decode()]}]})
         assert reply.status_code == 400 and "smollm2-text" in reply.text and "--mmproj" in reply.text
+
+
+# ----------------------------------------------------------------------------- in the chat app
+
+
+async def _until(pilot, condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await pilot.pause(0.05)
+
+
+async def _type(pilot, text: str) -> None:
+    for ch in text:
+        await pilot.press({" ": "space", "/": "slash", ".": "full_stop", "-": "minus", "_": "underscore"}.get(ch, ch))
+
+
+@pytest.mark.anyio
+async def test_the_chat_app_sends_an_image_shows_it_and_shows_it_again_on_reopening(smollm2_path, projector_path,
+                                                                                     tmp_path):
+    from localspec.tui.app import create_app
+    from localspec.tui.provider import LocalProvider
+    from localspec.tui.widgets import UserMessage
+
+    picture = tmp_path / "shot.png"
+    picture.write_bytes(IMAGE_A)
+    config = UserConfig(chat=ChatSettings(max_tokens=12, drafter="none"))
+    provider = LocalProvider(n_ctx=2048, mmproj=(str(smollm2_path), str(projector_path)))
+    app = create_app(str(smollm2_path), provider=provider, config=config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.engine is not None, 120)
+        app.chat.attach(str(picture))  # (what F2's dialog and "/image PATH" both do)
+        assert app.chat.attached == [("shot.png", IMAGE_A)]
+        assert "shot.png" in str(app.chat.query_one("#attachments").render())
+        await _type(pilot, "Describe it.")
+        await pilot.press("enter")
+        await _until(pilot, lambda: len(app.history.messages(app.conversation.id)) == 2 and not app.generating, 120)
+        prompt, reply = app.history.messages(app.conversation.id)
+        assert prompt.images == [{"sha256": hashlib.sha256(IMAGE_A).hexdigest(), "name": "shot.png"}]
+        assert reply.status == "complete" and app.chat.attached == []
+        shown = [m for m in app.log_view.query(UserMessage)]
+        assert shown[-1].images == ("shot.png",) and "▣ shot.png" in str(shown[-1].render())
+        expected = [with_images({"role": "user", "content": "Describe it."}, [IMAGE_A])]
+        assert reply.content == answer(app.engine.chat(expected, max_tokens=12, sampling=GREEDY, drafter="none")).text
+        conversation = app.conversation.id
+    # reopened: the image is shown and goes with the conversation again (read back by its hash)
+    app = create_app(None, provider=LocalProvider(n_ctx=512), config=config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert app.conversation.id == conversation
+        assert [m.images for m in app.log_view.query(UserMessage)] == [("shot.png",)]
+        [user] = [m for m in app.chats.context_messages() if m["role"] == "user"]
+        assert user["images"] == [IMAGE_A] and user["content"] == MEDIA_MARKER + "Describe it."
+
+
+@pytest.mark.anyio
+async def test_the_chat_app_keeps_a_message_with_images_a_model_cannot_see(smollm2_path, tmp_path):
+    from localspec.tui.app import create_app
+    from localspec.tui.provider import LocalProvider
+
+    picture = tmp_path / "shot.png"
+    picture.write_bytes(IMAGE_A)
+    config = UserConfig(chat=ChatSettings(max_tokens=4, drafter="none"))
+    app = create_app(str(smollm2_path), provider=LocalProvider(n_ctx=512), config=config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.engine is not None, 120)
+        await _type(pilot, f"/image {picture}")
+        await pilot.press("enter")
+        assert [name for name, _data in app.chat.attached] == ["shot.png"]
+        await _type(pilot, "What is it?")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.history.messages(app.conversation.id) == []  # nothing sent
+        assert app.prompt.text == "What is it?"
+        app.chat.attach(str(tmp_path / "missing.png"))  # a path that is not there: said, nothing attached
+        assert len(app.chat.attached) == 1
+
+
+# ----------------------------------------------------------------------------- on the command line
+
+
+def test_run_answers_about_an_image_and_check_says_whether_a_projector_fits(smollm2_path, projector_path, tmp_path):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    picture = tmp_path / "a.png"
+    picture.write_bytes(IMAGE_A)
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", str(smollm2_path), REFERENCE["prompt"], "--raw", "--mmproj", str(projector_path),
+                              "--image", str(picture), "--max-tokens", str(REFERENCE["tokens"]), "--temperature", "0",
+                              "--drafter", "none"])
+    assert ran.exit_code == 0, ran.output
+    assert REFERENCE["answers"]["a"] in ran.output
+    fits = runner.invoke(cli, ["check", str(smollm2_path), "--mmproj", str(projector_path)])
+    assert fits.exit_code == 0 and "pass" in fits.output and "sees images" in fits.output
+    blind = runner.invoke(cli, ["run", str(smollm2_path), "?", "--image", str(picture), "--max-tokens", "2"])
+    assert isinstance(blind.exception, LocalspecError) and "cannot see images" in str(blind.exception)  # (main() prints it)
+
+
+def test_check_names_why_a_projector_does_not_fit(qwen_coder_path, projector_path):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["check", str(qwen_coder_path), "--mmproj", str(projector_path)])
+    assert result.exit_code == 1 and "FAIL" in result.output and "mismatch between text model" in result.output

@@ -69,6 +69,11 @@ class ChatEngine(Protocol):
         ...
 
     @property
+    def sees_images(self) -> bool:
+        """Whether its prompts may carry images (a message's `images`: the model was loaded with a projector)."""
+        ...
+
+    @property
     def warnings(self) -> list[str]:
         """What the user should know about this engine (a pair that barely agrees, a self-draft for
         another build …), said once when it is ready."""

@@ -15,13 +15,18 @@ Message = dict  # {"role": "system"|"user"|"assistant", "content": str, optional
 
 # Where an image stands in a message's content or a raw prompt (mtmd's default media marker).
 MEDIA_MARKER = "<__media__>"
+MAX_IMAGE_BYTES = 32 << 20  # one image file as sent or attached, before decoding
 
 
 def with_images(message: Message, images: Sequence[bytes]) -> Message:
-    """`message` with `images` before its text (as llama.cpp's and Ollama's clients place them)."""
+    """`message` with `images`: where its text marks one MEDIA_MARKER for each, else before its text (as
+    llama.cpp's and Ollama's clients place them)."""
     if not images:
         return message
-    return {**message, "content": MEDIA_MARKER * len(images) + (message.get("content") or ""), "images": list(images)}
+    text = message.get("content") or ""
+    if text.count(MEDIA_MARKER) != len(images):
+        text = MEDIA_MARKER * len(images) + text
+    return {**message, "content": text, "images": list(images)}
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"

@@ -12,9 +12,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from localspec.engine.session import MAX_IMAGE_BYTES
 from localspec.server.common import ApiError
-
-MAX_IMAGE_BYTES = 32 << 20  # one image as sent, before decoding
 
 
 @dataclass(frozen=True)

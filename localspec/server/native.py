@@ -12,6 +12,8 @@ from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from localspec.engine.events import Prefill, Round, Summary
+from localspec.engine.session import with_images
+from localspec.server.images import from_base64
 from localspec.server.common import Loose, SamplingFields, Served, StreamFormat, compact, stream
 from localspec.structured import llama_cpp_grammar
 
@@ -19,6 +21,7 @@ from localspec.structured import llama_cpp_grammar
 class Message(Loose):
     role: str
     content: str
+    images: list[str] = []  # base64; standing where the content marks each, else before it
 
 
 class GenerateRequest(SamplingFields):
@@ -40,14 +43,18 @@ def router(served: Served) -> APIRouter:
     def info():
         engine = served.engine
         return {"model": served.name, "n_ctx": served.n_ctx, "has_draft": "model" in engine.drafters,
-                "drafters": list(engine.drafters), "baseline_tokens_per_s": engine.baseline_tokens_per_s}
+                "drafters": list(engine.drafters), "baseline_tokens_per_s": engine.baseline_tokens_per_s,
+                "sees_images": engine.projector is not None}
 
     @api.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
 
         def prepare():  # (on a thread: the template, tokenizing and a schema take a while)
             if body.messages is not None:
-                tokens = served.chat_tokens([{"role": m.role, "content": m.content} for m in body.messages])
+                tokens = served.chat_tokens([
+                    with_images({"role": m.role, "content": m.content},
+                                [from_base64(data, f"messages[{i}].images[{j}]") for j, data in enumerate(m.images)])
+                    for i, m in enumerate(body.messages)])
             else:
                 tokens = served.text_tokens(body.prompt or "", special=False)
             return served.job(tokens, body.max_tokens, body, 0.0, "native",

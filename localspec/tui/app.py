@@ -217,7 +217,7 @@ class ChatApp(App):
 def create_app(entry_id: str | None = None, *, drafter: str | None = None, provider: Provider | None = None,
                history: History | None = None, config: UserConfig | None = None, n_ctx: int = 4096,
                n_gpu_layers: int | None = None, no_history_drafts: bool = False,
-               placement: dict | None = None, yield_cpu: bool | None = False) -> ChatApp:
+               placement: dict | None = None, yield_cpu: bool | None = False, mmproj: str | None = None) -> ChatApp:
     """The chat app, wired to local models unless a provider is given (tests script one). `yield_cpu`
     None: as the user's settings say (`chat_draws`); a client of a server (`chat --connect`) always yields,
     as its drawing does not wait on the engine's thread."""
@@ -228,7 +228,8 @@ def create_app(entry_id: str | None = None, *, drafter: str | None = None, provi
         yield_cpu = config.chat_draws == "sparingly" or isinstance(provider, RemoteProvider)
     return ChatApp(
         provider or LocalProvider(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, history=config.history(no_history_drafts),
-                                  placement=placement, flash_attn=config.flash_attn()),
+                                  placement=placement, flash_attn=config.flash_attn(),
+                                  mmproj=(entry_id, mmproj) if entry_id and mmproj else None),
         entry_id=entry_id,
         drafter=drafter,
         history=history,

@@ -18,13 +18,15 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.content import Content
+from textual.widgets import Footer, Header, Static
 
 from localspec.config import ChatSettings
 from localspec.engine.contract import DRAFTER_SETTINGS, unavailable_drafter
 from localspec.engine.events import Summary
+from localspec.engine.session import MAX_IMAGE_BYTES
 from localspec.tui.conversations import Conversations, LoadedModel
-from localspec.tui.screens import ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
+from localspec.tui.screens import AttachScreen, ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
 from localspec.tui.widgets import (FRAME_S, AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
                                    SummaryLine)
 
@@ -43,6 +45,7 @@ class ChatScreen(Screen):
         Binding("ctrl+n", "new_conversation", "New chat", priority=True),
         Binding("ctrl+b", "toggle_sidebar", "Chats", priority=True),
         Binding("ctrl+t", "toggle_rejected", "Rejected", priority=True),
+        Binding("f2", "attach_image", "Image", priority=True, show=False),
         Binding("ctrl+y", "copy_answer", "Copy answer", priority=True, show=False),
         Binding("ctrl+g", "copy_code", "Copy code", priority=True, show=False),
     ]
@@ -65,6 +68,7 @@ class ChatScreen(Screen):
         self.run_engine = run_engine
         self.generating = False
         self.pending: str | None = None  # a message sent while the model loads, sent once it is ready
+        self.attached: list[tuple[str, bytes]] = []  # images (name, bytes) for the next message
         self.cancel = threading.Event()
         self.worker_done = threading.Event()
         self.worker_done.set()
@@ -84,6 +88,7 @@ class ChatScreen(Screen):
             yield ConversationList(id="sidebar")
             with Vertical(id="main"):
                 yield ChatLog(id="log")
+                yield Static("", id="attachments")
                 yield PromptInput(id="prompt", placeholder="Message (Enter sends, Shift+Enter/Ctrl+J new line, ? keys)")
             yield StatsPanel(id="stats")
         yield Footer()
@@ -195,8 +200,46 @@ class ChatScreen(Screen):
 
     # ------------------------------------------------------------------ generation
 
+    def action_attach_image(self) -> None:
+        def done(path: str | None) -> None:
+            if path is not None:
+                self.attach(path)
+
+        self.app.push_screen(AttachScreen(), done)
+
+    def attach(self, path: str) -> None:
+        """An image for the next message, read now (an empty path drops the attached ones)."""
+        if not path:
+            self.attached = []
+        else:
+            file = Path(path).expanduser()
+            try:
+                if file.stat().st_size > MAX_IMAGE_BYTES:
+                    raise OSError(f"larger than {MAX_IMAGE_BYTES >> 20} MB")
+                self.attached.append((file.name, file.read_bytes()))
+            except OSError as exc:
+                self.notify(f"Cannot attach {file}: {exc.strerror or exc}", severity="error")
+                return
+        chips = self.query_one("#attachments", Static)
+        chips.update(Content.assemble(*[(f" ▣ {name} ", "reverse") for name, _data in self.attached],
+                                      "  (F2 with an empty path drops them)" if self.attached else ""))
+        chips.display = bool(self.attached)
+
+    def _blind(self) -> bool:
+        """Images are attached but the model cannot see them: say so, send nothing."""
+        engine = self.model.engine
+        if not self.attached or engine is None or engine.sees_images:
+            return False
+        self.notify(f"{self.model.entry_id} cannot see images: load it with its projector (chat --mmproj PATH), "
+                    "or drop them (F2, empty path).", severity="error", title="Images not sent")
+        return True
+
     @on(PromptInput.Submitted)
     async def _send(self, message: PromptInput.Submitted) -> None:
+        if message.text.startswith("/image"):  # /image PATH: attach, as F2 does
+            self.prompt.clear()
+            self.attach(message.text[len("/image"):].strip())
+            return
         if self.generating or self.pending is not None:
             self.notify("An answer is still streaming; Esc stops it." if self.generating else
                         "A message is already waiting for the model.", severity="warning")
@@ -208,7 +251,7 @@ class ChatScreen(Screen):
             self.pending = message.text
             self.prompt.clear()
             self.prompt.remember(message.text)
-            await self.log_view.show_waiting(message.text)
+            await self.log_view.show_waiting(message.text, [name for name, _data in self.attached])
             self.notify(f"Sent once {self.model.loading} is loaded.", timeout=3)
             return
         await self._ask(message.text)
@@ -233,6 +276,10 @@ class ChatScreen(Screen):
         engine = self.model.engine
         assert engine is not None
         problem = unavailable_drafter(self.chats.settings.drafter, engine.drafters)
+        if self._blind():
+            if remembered:
+                self.prompt.load_text(text)
+            return
         if problem:
             self.notify(f"{self.model.entry_id}: {problem} Ctrl+S changes the drafter.", severity="error",
                         title="Drafter not available")
@@ -243,12 +290,14 @@ class ChatScreen(Screen):
         if not remembered:
             self.prompt.clear()
             self.prompt.remember(text)
-        self.chats.add_prompt(text)
+        images, self.attached = self.attached, []
+        self.attach("")  # (the chips go: the message carries them now)
+        self.chats.add_prompt(text, images)
         messages = self.chats.context_messages()
         self.chats.start_answer()
         self._saved_at = time.monotonic()
         self.refresh_sidebar()
-        await self.log_view.start_answer(text)
+        await self.log_view.start_answer(text, [name for name, _data in images])
         s = self.chats.settings
         options = {"max_tokens": s.max_tokens, "sampling": s.sampling(), "drafter": s.drafter, "draft_len": s.draft_len}
         self.log_view.inbox.clear()
@@ -363,6 +412,8 @@ class ChatScreen(Screen):
              self.action_export_conversation),
             ("Settings", "Drafter, draft length, sampling, system prompt", self.action_settings),
             ("Toggle rejected tokens", "Show or hide rejected draft tokens", self.action_toggle_rejected),
+            ("Attach image", "An image for the next message (the model needs its projector); also /image PATH",
+             self.action_attach_image),
             ("Copy last answer", "To the clipboard", self.action_copy_answer),
             ("Copy last code block", "To the clipboard", self.action_copy_code),
         )

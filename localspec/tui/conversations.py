@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from localspec.config import ChatSettings, UserConfig
 from localspec.engine.contract import ChatEngine
-from localspec.engine.session import with_system
-from localspec.history import ConversationRow, History, MessageRow
+from localspec.engine.session import with_images, with_system
+from localspec.history import ConversationRow, History, MessageRow, read_image, save_image
 
 NEW_TITLE = "New chat"
 
@@ -86,10 +87,12 @@ class Conversations:
         if self.current is not None:
             self.history.update(self.current.id, model=model)
 
-    def add_prompt(self, text: str) -> None:
-        """The user's turn; a new conversation takes its title from the prompt's first line."""
+    def add_prompt(self, text: str, images: Sequence[tuple[str, bytes]] = ()) -> None:
+        """The user's turn, with its images as (name, bytes) (kept by content hash beside the history); a new
+        conversation takes its title from the prompt's first line."""
         assert self.current is not None
-        self.history.add(self.current.id, "user", text)
+        refs = [{"sha256": save_image(data), "name": name} for name, data in images]
+        self.history.add(self.current.id, "user", text, images=refs)
         if self.current.title == NEW_TITLE:
             self.history.rename(self.current.id, text.splitlines()[0][:48])
         self._reload()
@@ -121,7 +124,8 @@ class Conversations:
             failed_answer = i + 1 < len(rows) and rows[i + 1].role == "assistant" and rows[i + 1].status == "error"
             if (row.role == "user" and failed_answer) or (row.role == "assistant" and row.status == "error"):
                 continue
-            turns.append({"role": row.role, "content": row.content})
+            pictures = [data for ref in row.images or () if (data := read_image(ref["sha256"])) is not None]
+            turns.append(with_images({"role": row.role, "content": row.content}, pictures))
         return with_system(self.settings.system, turns)
 
     def settings_label(self) -> str:

@@ -44,12 +44,14 @@ class LocalProvider:
     """Models from the catalog, pulled into LOCALSPEC_HOME, loaded in this process."""
 
     def __init__(self, n_ctx: int = 4096, n_gpu_layers: int | None = None, history: str = "saved",
-                 placement: dict | None = None, flash_attn: bool | None = None):
+                 placement: dict | None = None, flash_attn: bool | None = None,
+                 mmproj: tuple[str, str] | None = None):
         self.n_ctx = n_ctx
         self.n_gpu_layers = n_gpu_layers
         self.history = history  # the "history" drafter: saved, memory or off (engine.files.load_files)
         self.flash_attn = flash_attn  # None: llama.cpp decides (settings.yaml's flash_attention)
         self.placement = placement or {}  # RPC workers for the target (loader.load's rpc, tensor_split)
+        self.mmproj = mmproj  # (model id, projector path): `chat MODEL --mmproj PATH`, for that model only
         self._lock = threading.Lock()
         self._resolved: dict[str, ModelSpec | PairSpec] = {}
 
@@ -105,4 +107,4 @@ class LocalProvider:
 
         return load(entry_id, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, draft_gpu_layers=self.n_gpu_layers,
                     self_draft=find_self_draft(entry_id), history=self.history, flash_attn=self.flash_attn,
-                    **self.placement)
+                    mmproj=self.mmproj[1] if self.mmproj and self.mmproj[0] == entry_id else None, **self.placement)

@@ -6,6 +6,7 @@ events the in-process engine yields, so the app cannot tell the difference.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -63,10 +64,15 @@ class RemoteEngine:
     def warnings(self) -> list[str]:
         return []  # the server said them where it was started
 
+    @property
+    def sees_images(self) -> bool:
+        return bool(self.info.get("sees_images"))
+
     def chat(self, messages: Sequence[dict], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
              cancel: threading.Event | None = None) -> Iterator[Event]:
-        body: dict = {"messages": list(messages), "max_tokens": max_tokens, "drafter": drafter, "stop": list(stop)}
+        body: dict = {"messages": [_sent(m) for m in messages], "max_tokens": max_tokens, "drafter": drafter,
+                      "stop": list(stop)}
         if draft_len != "default":
             body["draft_len"] = draft_len
         if sampling is not None:
@@ -174,3 +180,10 @@ class RemoteProvider:
 
 
 _: type[ChatEngine] = RemoteEngine  # the contract, checked by mypy
+
+
+def _sent(message: dict) -> dict:
+    """A message as JSON carries it: its images base64 (their places stay marked in its text)."""
+    if not message.get("images"):
+        return message
+    return {**message, "images": [base64.b64encode(data).decode() for data in message["images"]]}

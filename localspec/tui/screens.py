@@ -1,4 +1,4 @@
-"""Modal screens: keys, settings, the model picker (with pulling), answer details, rename, confirm."""
+"""Modal screens: keys, settings, the model picker (with pulling), answer details, rename, attach, confirm."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ KEYS = [
     ("↑ / ↓", "recall earlier prompts (in an empty prompt)"),
     ("Esc", "stop the answer (the partial answer is kept, marked cancelled)"),
     ("Ctrl+T", "show / hide rejected draft tokens"),
+    ("F2, /image PATH", "attach an image to the next message (a model loaded with its projector)"),
     ("Ctrl+Y", "copy the last answer"),
     ("Ctrl+G", "copy the last code block of the last answer"),
     ("Ctrl+N", "new conversation"),
@@ -356,6 +357,24 @@ class RenameScreen(ModalScreen[str | None]):
     @on(Input.Submitted)
     def _done(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class AttachScreen(ModalScreen[str | None]):
+    """The path of an image to attach to the next message (empty: drop the attached ones)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def compose(self):
+        with Vertical(classes="dialog small"):
+            yield Label("Attach an image (a path; empty clears the attached ones)", classes="title")
+            yield Input(placeholder="~/Pictures/screenshot.png", id="path")
+
+    @on(Input.Submitted)
+    def _done(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from textual import events, on, work
 from textual.binding import Binding
@@ -90,8 +90,12 @@ class PromptInput(TextArea):
 
 
 class UserMessage(Static):
-    def __init__(self, text: str, id: str | None = None):
-        super().__init__(Content(text), classes="message user", id=id)
+    """A prompt, its images (by name) as chips above its text."""
+
+    def __init__(self, text: str, id: str | None = None, images: Sequence[str] = ()):
+        chips = Content.assemble(*[(f" ▣ {name} ", "reverse") for name in images], "\n") if images else Content("")
+        super().__init__(chips + Content(text), classes="message user", id=id)
+        self.images = tuple(images)
 
 
 class SummaryLine(Static, can_focus=True):
@@ -229,26 +233,26 @@ class ChatLog(VerticalScroll):
 
     def _message(self, row: MessageRow) -> Widget:
         if row.role == "user":
-            return UserMessage(row.content)
+            return UserMessage(row.content, images=[str(ref.get("name", "image")) for ref in row.images or ()])
         message = AssistantMessage([tuple(s) for s in (row.spans or [])], finished=True, summary=row.summary,
                                    status=row.status, error=row.error, content=row.content)
         message.show_rejected = self.show_rejected
         return message
 
-    async def start_answer(self, prompt: str) -> AssistantMessage:
-        """The user's prompt and an empty answer that the next rounds fill."""
+    async def start_answer(self, prompt: str, images: Sequence[str] = ()) -> AssistantMessage:
+        """The user's prompt (its images by name) and an empty answer that the next rounds fill."""
         await self._drop_welcome()
         answer = AssistantMessage()
         answer.show_rejected = self.show_rejected
-        await self.mount_all([UserMessage(prompt), answer])
+        await self.mount_all([UserMessage(prompt, images=images), answer])
         self.current = answer
         self.scroll_end(animate=False)
         return answer
 
-    async def show_waiting(self, prompt: str) -> None:
+    async def show_waiting(self, prompt: str, images: Sequence[str] = ()) -> None:
         """A message sent before the model is ready, shown as waiting for it."""
         await self._drop_welcome()
-        await self.mount_all([UserMessage(prompt, id="waiting-prompt"),
+        await self.mount_all([UserMessage(prompt, id="waiting-prompt", images=images),
                               Static("waiting for the model to load…", id="waiting", classes="summary")])
         self.scroll_end(animate=False)
 
