@@ -268,6 +268,19 @@ def test_llama_cpps_multimodal_data_on_completion(vision_server):
     assert reply.json()["content"] == REFERENCE["answers"]["a"]
 
 
+def test_chat_connect_sends_images_through_the_native_stream(vision_server):
+    """What `chat --connect` does: RemoteEngine sends a message's images base64; /info says the model sees."""
+    from localspec.tui.remote import RemoteEngine
+
+    client = httpx.Client(base_url=vision_server.url, timeout=120)
+    info = client.get("/localspec/v1/info").json()
+    assert info["sees_images"] is True
+    remote = RemoteEngine(client, info)
+    messages = [with_images({"role": "user", "content": "What is this?"}, [IMAGE_A])]
+    assert answer(remote.chat(messages, max_tokens=12, sampling=GREEDY, drafter="none")).text == \
+        engine_answer(vision_server, messages, max_tokens=12)
+
+
 def test_two_requests_with_images_at_once_both_answer_as_alone(vision_server):
     def ask(image: bytes) -> str:
         reply = httpx.post(vision_server.url + "/v1/chat/completions", timeout=120, json={
