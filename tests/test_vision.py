@@ -425,3 +425,12 @@ def test_check_names_why_a_projector_does_not_fit(qwen_coder_path, projector_pat
 
     result = CliRunner().invoke(cli, ["check", str(qwen_coder_path), "--mmproj", str(projector_path)])
     assert result.exit_code == 1 and "FAIL" in result.output and "mismatch between text model" in result.output
+
+
+def test_a_prompt_chunk_never_ends_inside_an_image():
+    from localspec.engine.parallel import whole_images
+
+    image = [media_id(2, r) for r in range(5)]
+    prompt = [1, 2, *image, 7, 8]
+    assert [whole_images(prompt, n) for n in range(1, 9)] == [1, 2, 7, 7, 7, 7, 7, 8]
+    assert whole_images([*image, 9], 2) == 5

@@ -241,6 +241,15 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     return proposals, promised
 
 
+def whole_images(tokens: list[int], n: int) -> int:
+    """A prompt chunk of `n` tokens, longer where it would end inside an image (one negative id per row,
+    counting down: engine/backend/vision.py): an image's rows are evaluated in one step, as one whose
+    attention is non-causal must be (it attends within its batch only)."""
+    while 0 < n < len(tokens) - 1 and tokens[n] < 0 and tokens[n] == tokens[n - 1] - 1:
+        n += 1
+    return n
+
+
 def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 30) -> list[tuple[Lane, Event]]:
     """One shared step of every lane that can go on: the lanes' events (each round's time is its share of
     the step, by the positions it had in it; a prompt's Prefill when its last chunk is in). Prompts still
@@ -256,7 +265,7 @@ def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 3
     chunks: dict[int, int] = {}
     for lane in going:
         if not lane.prompt_in and budget > 0:
-            n = min(budget, len(lane.unevaluated()) - 1)
+            n = whole_images(lane.unevaluated(), min(budget, len(lane.unevaluated()) - 1))
             chunks[len(together)] = n
             lane.chunks += 1
             together.append(lane)
