@@ -1,6 +1,7 @@
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp  # noqa: F401  before numpy, as localspec.engine does (CUDA builds crash otherwise)
 import pytest
@@ -59,6 +60,16 @@ def _pull_into_test_cache(model_id: str) -> Path:
         else:
             os.environ["LOCALSPEC_HOME"] = old
     return Path(record.path)
+
+
+def random_file(name: str, write: Callable[[Path], object]) -> Path:
+    """A random-weight GGUF the tests share, written once into the test cache by `write(path)`."""
+    folder = TEST_CACHE / "random-ggufs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if not path.exists():
+        write(path)
+    return path
 
 
 @pytest.fixture(scope="session")

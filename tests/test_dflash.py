@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TEST_CACHE
+from conftest import random_file
 from reference_drafts import SCRIPT, SCRIPTS, assert_drafts_match, recorded
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.backend.dflash import DFlashDraft
@@ -31,12 +31,7 @@ KINDS = ("dflash", "dflash-varied")  # drafts kept whole, in part and not at all
 
 
 def _file(smollm2_path, kind: str) -> Path:
-    folder = TEST_CACHE / "random-ggufs"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{kind}-for-smollm2-135m.gguf"
-    if not path.exists():
-        SCRIPT.write_file(path, smollm2_path, kind)
-    return path
+    return random_file(f"{kind}-for-smollm2-135m.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, kind))
 
 
 @pytest.fixture(scope="module")

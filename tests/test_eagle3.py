@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TEST_CACHE
+from conftest import random_file
 from reference_drafts import SCRIPT, SCRIPTS, assert_drafts_match, recorded
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.backend.eagle3 import Eagle3Draft
@@ -30,12 +30,7 @@ REFERENCE = recorded("eagle3")
 
 @pytest.fixture(scope="module")
 def eagle3_gguf(smollm2_path) -> Path:
-    folder = TEST_CACHE / "random-ggufs"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "eagle3-for-smollm2-135m.gguf"
-    if not path.exists():
-        SCRIPT.write_file(path, smollm2_path, "eagle3")
-    return path
+    return random_file("eagle3-for-smollm2-135m.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, "eagle3"))
 
 
 @pytest.fixture(scope="module")

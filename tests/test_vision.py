@@ -25,7 +25,7 @@ from localspec.engine.sampling import SamplingSettings
 from localspec.engine.session import MEDIA_MARKER, with_images
 from localspec.errors import LocalspecError, ModelFileError
 from servers import serving
-from tests.conftest import TEST_CACHE
+from conftest import TEST_CACHE, random_file
 
 HERE = Path(__file__).parent
 REFERENCE = json.loads((HERE / "data" / "mtmd_reference.json").read_text())
@@ -38,12 +38,7 @@ IMAGE_A, IMAGE_B = RECORDER.png(RECORDER.IMAGES["a"]), RECORDER.png(RECORDER.IMA
 
 @pytest.fixture(scope="module")
 def projector_path(smollm2_path) -> Path:
-    folder = TEST_CACHE / "random-ggufs"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "mmproj-for-smollm2-135m.gguf"
-    if not path.exists():
-        RECORDER.write_projector(path, smollm2_path)
-    return path
+    return random_file("mmproj-for-smollm2-135m.gguf", lambda path: RECORDER.write_projector(path, smollm2_path))
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +158,7 @@ def test_a_gemma4_assistant_drafts_after_an_image_and_its_answer_equals_plain(sm
     target = SCRIPT.target_path(assistant)
     if not (target.exists() and assistant.exists()):
         SCRIPT.write_pair(assistant, smollm2_path, "mtp-gemma4")
-    projector = folder / "mmproj-for-gemma4-tiny.gguf"
-    if not projector.exists():
-        RECORDER.write_projector(projector, target)
+    projector = random_file("mmproj-for-gemma4-tiny.gguf", lambda path: RECORDER.write_projector(path, target))
     engine = load_files(target, draft_path=assistant, drafter="mtp", mmproj=projector, calibrate=False,
                         history="off", n_ctx=1024)
     try:
@@ -184,12 +177,8 @@ def test_an_m_rope_projector_is_refused_by_name_and_a_catalog_one_is_a_warning(s
     localspec does not lay out yet."""
     from reference_drafts import SCRIPT
 
-    target = TEST_CACHE / "random-ggufs" / "qwen35-tiny-mtp1-stdev0.06.gguf"
-    if not target.exists():
-        SCRIPT.write_file(target, smollm2_path, "mtp")
-    projector = TEST_CACHE / "random-ggufs" / "mmproj-for-qwen35-tiny.gguf"
-    if not projector.exists():
-        RECORDER.write_projector(projector, target)
+    target = random_file("qwen35-tiny-mtp1-stdev0.06.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, "mtp"))
+    projector = random_file("mmproj-for-qwen35-tiny.gguf", lambda path: RECORDER.write_projector(path, target))
     with pytest.raises(ModelFileError, match="M-RoPE"):
         load_files(target, mmproj=projector, calibrate=False, history="off", n_ctx=512, drafter="none")
     engine = load_files(target, mmproj=projector, mmproj_optional=True, calibrate=False, history="off", n_ctx=512,
