@@ -27,7 +27,7 @@ from localspec.engine.ownership import Ownership, remeasure_when_quiet
 from localspec.engine.parallel import Lane
 from localspec.engine.request import Request, check
 from localspec.engine.sampling import SamplingSettings
-from localspec.engine.session import ChatTemplate, Message
+from localspec.engine.session import NO_PROJECTOR, ChatTemplate, Message
 from localspec.engine.slots import Slots
 from localspec.engine.speculative import Drafting, Planner, Step
 from localspec.engine.speedup import PlainRounds
@@ -147,7 +147,7 @@ class Engine:
     def image_tokens(self, text: str, images: Sequence[bytes]) -> list[int]:
         """A raw prompt with images, one MEDIA_MARKER where each stands (special tokens parsed)."""
         if self.projector is None:
-            raise LocalspecError("This model cannot see images: it was loaded without a projector (--mmproj).")
+            raise LocalspecError(NO_PROJECTOR)
         return self.projector.tokenize(text, images)
 
     # ------------------------------------------------------------------ generation

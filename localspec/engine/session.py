@@ -16,6 +16,7 @@ Message = dict  # {"role": "system"|"user"|"assistant", "content": str, optional
 # Where an image stands in a message's content or a raw prompt (mtmd's default media marker).
 MEDIA_MARKER = "<__media__>"
 MAX_IMAGE_BYTES = 32 << 20  # one image file as sent or attached, before decoding
+NO_PROJECTOR = "This model cannot see images: it was loaded without a projector (--mmproj)."
 
 
 def with_images(message: Message, images: Sequence[bytes]) -> Message:
@@ -60,7 +61,7 @@ class ChatTemplate:
             if media is None:
                 from localspec.errors import LocalspecError
 
-                raise LocalspecError("This model cannot see images: it was loaded without a projector (--mmproj).")
+                raise LocalspecError(NO_PROJECTOR)
             text = self.render([{k: v for k, v in m.items() if k != "images"} for m in messages], tools)
             tokens = media.tokenize(text, images)
         else:

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from localspec import __version__
 from localspec.engine.events import Prefill, Round, Summary
-from localspec.engine.session import MEDIA_MARKER, with_images
+from localspec.engine.session import with_images
 from localspec.server import logprobs as lp
 from localspec.server.images import from_base64
 from localspec.server.common import (ApiError, Loose, SamplingFields, Served, StreamFormat, collect, compact,
@@ -105,14 +105,13 @@ def router(served: Served) -> APIRouter:
 
         def prepare() -> tuple[list[int], str | None]:  # (on a thread: templates, tokenizing, schemas take a while)
             images = [from_base64(image, f"images[{i}]") for i, image in enumerate(body.images or ())]
-            if body.raw and images:
-                body.prompt = MEDIA_MARKER * len(images) + body.prompt
             if body.suffix is not None and not body.raw:
                 if images:
                     raise ApiError(400, "images are not taken with a suffix (fill-in-the-middle).")
                 tokens = fim_tokens(served, body.prompt, body.suffix, [], n_predict=body.options.num_predict or 128)
             elif body.raw:
-                tokens = served.text_tokens(body.prompt, special=True, images=images)
+                prompt = with_images({"role": "user", "content": body.prompt}, images)["content"]
+                tokens = served.text_tokens(prompt, special=True, images=images)
             else:
                 messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
                     [with_images({"role": "user", "content": body.prompt}, images)]
@@ -143,12 +142,12 @@ def router(served: Served) -> APIRouter:
     return api
 
 
-def _refuse(body: Loose, names: tuple[str, ...], prefix: str = "") -> None:
-    """Ollama fields localspec does not implement (a custom template, the
-    deprecated token `context`): a 400 naming them when they are used, never silently ignored."""
+def _refuse(body: Loose, names: tuple[str, ...]) -> None:
+    """Ollama fields localspec does not implement (a custom template, the deprecated token `context`): a 400
+    naming them when they are used, never silently ignored."""
     for name in names:
         if (body.model_extra or {}).get(name):
-            raise ApiError(400, f"{prefix}{name} is not supported by localspec; send the request without it.")
+            raise ApiError(400, f"{name} is not supported by localspec; send the request without it.")
 
 
 def _details(served: Served) -> dict:

@@ -18,7 +18,6 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.content import Content
 from textual.widgets import Footer, Header, Static
 
 from localspec.config import ChatSettings
@@ -28,7 +27,7 @@ from localspec.engine.session import MAX_IMAGE_BYTES
 from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.screens import AttachScreen, ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
 from localspec.tui.widgets import (FRAME_S, AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
-                                   SummaryLine)
+                                   SummaryLine, image_chips)
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 SAVE_EVERY_S = 1.0  # a streaming answer is saved this often: what a crash can lose
@@ -221,8 +220,8 @@ class ChatScreen(Screen):
                 self.notify(f"Cannot attach {file}: {exc.strerror or exc}", severity="error")
                 return
         chips = self.query_one("#attachments", Static)
-        chips.update(Content.assemble(*[(f" ▣ {name} ", "reverse") for name, _data in self.attached],
-                                      "  (F2 with an empty path drops them)" if self.attached else ""))
+        names = [name for name, _data in self.attached]
+        chips.update(image_chips(names) + "  (F2 with an empty path drops them)" if names else "")
         chips.display = bool(self.attached)
 
     def _blind(self) -> bool:
@@ -236,9 +235,10 @@ class ChatScreen(Screen):
 
     @on(PromptInput.Submitted)
     async def _send(self, message: PromptInput.Submitted) -> None:
-        if message.text.startswith("/image"):  # /image PATH: attach, as F2 does
+        command, _, path = message.text.partition(" ")
+        if command == "/image":  # /image PATH: attach, as F2 does
             self.prompt.clear()
-            self.attach(message.text[len("/image"):].strip())
+            self.attach(path.strip())
             return
         if self.generating or self.pending is not None:
             self.notify("An answer is still streaming; Esc stops it." if self.generating else

@@ -89,11 +89,16 @@ class PromptInput(TextArea):
         self._recall_at = None
 
 
+def image_chips(names: Sequence[str]) -> Content:
+    """Attached images, one chip each, by name."""
+    return Content.assemble(*[(f" ▣ {name} ", "reverse") for name in names])
+
+
 class UserMessage(Static):
     """A prompt, its images (by name) as chips above its text."""
 
     def __init__(self, text: str, id: str | None = None, images: Sequence[str] = ()):
-        chips = Content.assemble(*[(f" ▣ {name} ", "reverse") for name in images], "\n") if images else Content("")
+        chips = image_chips(images) + "\n" if images else Content("")
         super().__init__(chips + Content(text), classes="message user", id=id)
         self.images = tuple(images)
 

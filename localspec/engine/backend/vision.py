@@ -99,7 +99,6 @@ class Projector:
             raise
         self.marker = (M.mtmd_default_marker() or b"<__media__>").decode()
         self.n_embd = L.llama_model_n_embd_inp(target._model)
-        self.target_name = target.path.name
         self._lock = threading.RLock()  # mtmd's context is one thread's at a time
         self._keys: dict[str, int] = {}  # sha256 -> key
         self._images: collections.OrderedDict[int, _Image] = collections.OrderedDict()
@@ -219,14 +218,17 @@ class Projector:
         """The embeddings of a run of media ids of one image, (len(ids), n_embd) float32, and whether the
         image is evaluated with non-causal attention."""
         key, first = media_row(ids[0])
-        with self._lock:
-            record = self._images.get(key)
-            if record is None:
-                raise LocalspecError("An image of this prompt is no longer held; send it again.")
-            if record.embeddings is None:
-                record.embeddings = self._encode_again(record)
-                self._trim()
-            return record.embeddings[first:first + len(ids)], record.non_causal
+        record = self._images.get(key)
+        if record is None:
+            raise LocalspecError("An image of this prompt is no longer held; send it again.")
+        embeddings = record.embeddings  # (read without the lock: another request's encoding must not hold a step)
+        if embeddings is None:
+            with self._lock:
+                if record.embeddings is None:
+                    record.embeddings = self._encode_again(record)
+                    self._trim()
+                embeddings = record.embeddings
+        return embeddings[first:first + len(ids)], record.non_causal
 
     def _encode_again(self, record: _Image) -> np.ndarray:
         bitmap = self._bitmap(record.data, 1, 1)
