@@ -260,9 +260,10 @@ def test_llama_cpp_completion_with_json_schema_and_grammar(qwen_server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
      "presence_penalty"),
     ("/api/generate", {"model": "localspec", "prompt": "x", "options": {"mirostat": 1}}, "mirostat"),
-    ("/api/generate", {"model": "localspec", "prompt": "x", "images": ["aGk="]}, "images"),
+    # (a model served without a projector: the 400 names it; tests/test_vision.py serves one with)
+    ("/api/generate", {"model": "localspec", "prompt": "x", "images": ["aGk="]}, "cannot see images"),
     ("/api/chat", {"model": "localspec", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
-     "messages[].images"),
+     "cannot see images"),
 ])
 def test_structured_fields_that_cannot_be_honoured_get_a_400_naming_them(qwen_server, path, body, needle):
     response = httpx.post(qwen_server.url + path, json=body, timeout=60)
