@@ -120,7 +120,9 @@ class Catalog:
         )
 
     def pairs_using(self, model_id: str) -> list[PairSpec]:
-        return [p for p in self.pairs.values() if model_id in (p.target.id, p.draft.id)]
+        """The pairs with this model as target, draft or the target's image projector."""
+        return [p for p in self.pairs.values()
+                if model_id in (p.target.id, p.draft.id, p.target.mmproj.id if p.target.mmproj else None)]
 
 
 def shipped_catalog_text() -> str:

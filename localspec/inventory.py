@@ -12,7 +12,7 @@ from pathlib import Path
 
 from localspec import paths
 from localspec.catalog import ModelSpec, PairSpec, load_catalog
-from localspec.pull import delete_hub_file
+from localspec.pull import delete_hub_file, pulled_with
 from localspec.registry import Registry
 from localspec.units import human_bytes
 
@@ -30,7 +30,9 @@ def listing(available: bool = False) -> list[str]:
         state = "ready" if all(have) else ("missing " + ", ".join(m.id for m, h in zip(pair.models, have) if not h)
                                            if any(have) else "not pulled")
         default = " (default)" if pair.id == catalog.default_pair else ""
-        lines.append(f"  {pair.id:22} {state:28} {pair.target.id} + {pair.draft.id}{default}")
+        projector = pair.target.mmproj
+        sees = "" if projector is None else (", sees images" if projector.id in pulled else f", images need {projector.id}")
+        lines.append(f"  {pair.id:22} {state:28} {pair.target.id} + {pair.draft.id}{default}{sees}")
     lines.append("Models:")
     for model in catalog.models.values():
         record = registry.valid(model.id)
@@ -61,7 +63,7 @@ def plan_removal(entry_id: str, registry: Registry | None = None) -> Removal:
     catalog = load_catalog()
     entry = catalog.resolve(entry_id)
     removal = Removal(entry_id, [])
-    for model in list(entry.models) if isinstance(entry, PairSpec) else [entry]:
+    for _role, model in pulled_with(entry):
         keepers = [p.id for p in catalog.pairs_using(model.id)
                    if p.id != entry_id and all(registry.valid(m.id) for m in p.models)]
         if isinstance(entry, PairSpec) and keepers:

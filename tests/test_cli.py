@@ -106,6 +106,7 @@ def test_list_and_paths_on_an_empty_home(tmp_path):
     assert "nothing pulled yet" in result.stdout
     result = _run(["list", "--available"], tmp_path / "home")
     assert "qwen2.5-coder-1.5b" in result.stdout and "(default)" in result.stdout
+    assert "images need gemma-4-e4b-it-mmproj" in result.stdout  # (a pair whose target lists its projector)
     result = _run(["list", "--paths"], tmp_path / "home")
     assert str(tmp_path / "home") in result.stdout
     assert not (tmp_path / "home").exists(), "listing creates no folders"
@@ -129,6 +130,7 @@ def test_doctor_reports_the_build():
     assert "GPU offload" in result.stdout and "llama-cpp-python" in result.stdout
     assert "device cpu" in result.stdout
     assert "hidden-state drafts yes: MTP heads" in result.stdout  # this build exports llama-ext.h's calls
+    assert "images              yes, for a model loaded with its projector" in result.stdout  # (libmtmd loads)
 
 
 @pytest.mark.model

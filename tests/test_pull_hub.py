@@ -147,3 +147,6 @@ def test_a_targets_image_projector_is_pulled_with_it_and_found_at_load(hub):
     assert [Path(r.path).read_bytes() for r in records] == [weights, projector]
     assert "[2/2] image projector: seeing-mmproj" in said
     assert catalog_projector("seeing") == Path(records[1].path)
+    from localspec.inventory import plan_removal
+
+    assert [m.id for m in plan_removal("seeing").models] == ["seeing", "seeing-mmproj"]  # (rm takes it along)
