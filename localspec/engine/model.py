@@ -125,6 +125,7 @@ class BlockHead(Protocol):
 class ImageInput(Protocol):
     """Images into a model's prompts (backend/vision.py): each image one negative id per embedding row."""
 
+    path: Path    # its mmproj file
     encoded: int  # images encoded so far (a follow-up on an image already seen encodes none)
 
     def tokenize(self, text: str, images: Sequence[bytes]) -> list[int]:

@@ -206,6 +206,9 @@ def serve(entry_id: str, *, host: str, port: int, socket_path: Path | None, api_
         f"{engine.n_ctx} tokens of context)")
     if served.embeddings:
         say(f"  Embeddings   from {served.embeddings[0].name} (/v1/embeddings, /api/embed, /embedding)")
+    if engine.projector is not None:
+        sources = ["data: URIs", *(["file://"] if images_from[0] else []), *(["http(s) URLs"] if images_from[1] else [])]
+        say(f"  Images       through {engine.projector.path.name} ({', '.join(sources)}; base64 on /api and /completion)")
     say(f"  TCP          {url}")
     if unix is not None:
         say(f"  Unix socket  {socket_path}  (curl --unix-socket {socket_path} http://localhost/health)")
