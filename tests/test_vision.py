@@ -190,6 +190,30 @@ def test_an_m_rope_projector_is_refused_by_name_and_a_catalog_one_is_a_warning(s
         engine.close()
 
 
+def test_a_head_that_keeps_the_targets_tokens_is_not_loaded_beside_a_projector(smollm2_path):
+    """An MTP head mirrors the target's cache token by token; an image's rows have no token: refused with
+    the reason, or, for a projector nobody asked for (the catalog's), a warning and text only."""
+    from reference_drafts import SCRIPT
+
+    target = random_file("glm4moe-tiny-mtp1-stdev0.13.gguf",
+                         lambda path: SCRIPT.write_file(path, smollm2_path, "mtp-glm4moe"))
+    projector = random_file("mmproj-for-glm4moe-tiny.gguf", lambda path: RECORDER.write_projector(path, target))
+    with pytest.raises(LocalspecError, match="keeps a cache of the target's tokens"):
+        load_files(target, mmproj=projector, drafter="mtp", calibrate=False, history="off", n_ctx=512)
+    engine = load_files(target, mmproj=projector, mmproj_optional=True, drafter="mtp", calibrate=False,
+                        history="off", n_ctx=512)
+    try:
+        assert not engine.sees_images and "mtp" in engine.drafters
+        assert any(w.startswith("images are off") for w in engine.warnings)
+    finally:
+        engine.close()
+    engine = load_files(target, mmproj=projector, drafter="ngram", calibrate=False, history="off", n_ctx=512)
+    try:
+        assert engine.sees_images  # (no head loaded: images on)
+    finally:
+        engine.close()
+
+
 def test_media_runs_split_text_and_each_image():
     a, b = [media_id(3, r) for r in range(3)], [media_id(4, r) for r in range(2)]
     again = [media_id(3, r) for r in range(3)]
