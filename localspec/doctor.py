@@ -35,7 +35,7 @@ def report() -> list[str]:
     from localspec.engine.backend.vision import available as images_unavailable
 
     blind = images_unavailable()
-    say(f"images              {'no: ' + blind if blind else 'yes, for a model loaded with its projector (--mmproj PATH, or a catalog model that lists one); not yet for M-RoPE projectors (Qwen-VL, Qwen3.5)'}")
+    say(f"images              {'no: ' + blind if blind else 'yes, for a model loaded with its projector (--mmproj PATH, or a catalog model that lists one)'}")
     if not gpu:
         say("With an NVIDIA GPU and the CUDA toolkit, `bash setup.sh` builds for it (docs/gpu.md).")
     say(f"models              {paths.models_dir()}")

@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,15 @@ def _pull_into_test_cache(model_id: str) -> Path:
         else:
             os.environ["LOCALSPEC_HOME"] = old
     return Path(record.path)
+
+
+def random_gguf_writer():
+    """tests/fixtures/random_gguf.py as a module (`write(arch, out, tokenizer, ...)`)."""
+    spec = importlib.util.spec_from_file_location("random_gguf", Path(__file__).parent / "fixtures" / "random_gguf.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def random_file(name: str, write: Callable[[Path], object]) -> Path:

@@ -5,7 +5,6 @@ A recurrent state holds no entry per position: llama.cpp keeps `n_rs_seq` snapsh
 (ModelOptions.rollback), so a verify can drop up to that many draft tokens, and prompt checkpoints let a
 follow-up start from the previous prompt's end."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TEST_CACHE
+from conftest import TEST_CACHE, random_gguf_writer
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions, supports_gpu_offload
 from localspec.engine.events import Prefill, Summary, Round, answer_tokens
@@ -22,7 +21,6 @@ from localspec.engine.kv import KvSequence
 
 pytestmark = pytest.mark.model
 
-SCRIPT = Path(__file__).parent / "fixtures" / "random_gguf.py"
 # The same context decoded in other batch shapes: on a CPU the logits agree closely; a GPU's kernels for one
 # position and for many round differently, far more (docs/gpu.md, "Hybrid targets and MTP heads").
 ACROSS_SHAPES_ATOL = 5e-2 if supports_gpu_offload() else 1e-3
@@ -30,18 +28,10 @@ ARCHS = ("lfm2", "qwen35")  # speculate: llama.cpp rolls their state back
 PROMPT = "one two three four five six seven eight nine ten " * 3
 
 
-def _random_gguf_module():
-    spec = importlib.util.spec_from_file_location("random_gguf", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def random_ggufs(smollm2_path):
     """{arch: (target, draft)}: each target with a draft of the same seed plus noise (agrees partly)."""
-    writer = _random_gguf_module()
+    writer = random_gguf_writer()
     folder = TEST_CACHE / "random-ggufs"
     folder.mkdir(parents=True, exist_ok=True)
     files = {}

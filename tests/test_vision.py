@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from localspec.config import ChatSettings, UserConfig
-from localspec.engine.backend.llama import media_runs
-from localspec.engine.backend.vision import ImageError, media_id
+from localspec.engine.backend.media import media_id, media_runs
+from localspec.engine.backend.vision import ImageError
 from localspec.engine.drafters import Draft, text_only
 from localspec.engine.events import Prefill, Summary
 from localspec.engine.files import load_files
@@ -25,10 +25,11 @@ from localspec.engine.sampling import SamplingSettings
 from localspec.engine.session import MEDIA_MARKER, with_images
 from localspec.errors import LocalspecError, ModelFileError
 from servers import serving
-from conftest import TEST_CACHE, random_file
+from conftest import TEST_CACHE, random_file, random_gguf_writer
 
 HERE = Path(__file__).parent
-REFERENCE = json.loads((HERE / "data" / "mtmd_reference.json").read_text())
+RECORDED = json.loads((HERE / "data" / "mtmd_reference.json").read_text())
+REFERENCE, GRIDDED = RECORDED["mlp"], RECORDED["mrope"]  # (one position per row; M-RoPE's grid)
 _spec = importlib.util.spec_from_file_location("mtmd_reference", HERE / "fixtures" / "mtmd_reference.py")
 RECORDER = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(RECORDER)  # type: ignore[union-attr]
@@ -172,22 +173,49 @@ def test_a_gemma4_assistant_drafts_after_an_image_and_its_answer_equals_plain(sm
         engine.close()
 
 
-def test_an_m_rope_projector_is_refused_by_name_and_a_catalog_one_is_a_warning(smollm2_path):
-    """Qwen3.5's positions are M-RoPE (llama.cpp's IMROPE): an image takes fewer positions than rows, which
-    localspec does not lay out yet."""
-    from reference_drafts import SCRIPT
+@pytest.fixture(scope="module")
+def gridded(smollm2_path):
+    """A random Qwen3.5 (M-RoPE positions) with a random `qwen2vl_merger` projector and, to draft with, the
+    same weights plus noise (tests/test_hybrid.py's pair)."""
+    writer = random_gguf_writer()
+    target = random_file("qwen35-tiny.gguf", lambda path: writer.write("qwen35", path, smollm2_path))
+    draft = random_file("qwen35-tiny-noise0.01.gguf", lambda path: writer.write("qwen35", path, smollm2_path, noise=0.01))
+    projector = random_file("mmproj-qwen2vl-for-qwen35-tiny.gguf",
+                            lambda path: RECORDER.write_projector(path, target, "mmproj-qwen2vl"))
+    engine = load_files(target, draft_path=draft, mmproj=projector, calibrate=False, history="off", n_ctx=1024)
+    yield target, projector, engine
+    engine.close()
 
-    target = random_file("qwen35-tiny-mtp1-stdev0.06.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, "mtp"))
-    projector = random_file("mmproj-for-qwen35-tiny.gguf", lambda path: RECORDER.write_projector(path, target))
-    with pytest.raises(ModelFileError, match="M-RoPE"):
-        load_files(target, mmproj=projector, calibrate=False, history="off", n_ctx=512, drafter="none")
-    engine = load_files(target, mmproj=projector, mmproj_optional=True, calibrate=False, history="off", n_ctx=512,
-                        drafter="none")
-    try:
-        assert not engine.sees_images
-        assert any(w.startswith("images are off") and "M-RoPE" in w for w in engine.warnings)
-    finally:
-        engine.close()
+
+def test_the_gridded_files_are_the_ones_the_reference_ran_on(gridded):
+    target, projector, _engine = gridded
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == GRIDDED["target_sha256"]
+    assert hashlib.sha256(projector.read_bytes()).hexdigest() == GRIDDED["projector_sha256"]
+
+
+@pytest.mark.parametrize("name", sorted(GRIDDED["answers"]))
+def test_m_rope_images_answer_as_llama_mtmd_cli_does(gridded, name):
+    """12 rows on a 4x3 grid take 4 positions: the text after the image goes on from there."""
+    _target, _projector, engine = gridded
+    assert engine.projector.mrope
+    tokens = engine.image_tokens(GRIDDED["prompt"], [RECORDER.png(RECORDER.IMAGES[name])])
+    summary = answer(engine.generate(tokens, max_tokens=GRIDDED["tokens"], sampling=GREEDY, drafter="none"))
+    assert summary.text == GRIDDED["answers"][name]
+
+
+def test_m_rope_follow_ups_reuse_the_cache_and_drafts_roll_back(gridded):
+    """A hybrid target's follow-up restarts from its checkpoint after the image; drafts of a draft model
+    (rejected ones rolled back) leave the answer as plain decoding's."""
+    _target, _projector, engine = gridded
+    first = [with_images({"role": "user", "content": "Describe the image."}, [IMAGE_A])]
+    reply = answer(engine.chat(first, max_tokens=8, sampling=GREEDY, drafter="none")).text
+    follow_up = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then? " * 4}]
+    events = list(engine.chat(follow_up, max_tokens=24, sampling=GREEDY, drafter="none"))
+    prefill = next(e for e in events if isinstance(e, Prefill))
+    assert prefill.cached >= len(engine.chat_tokens(first))  # the image and the first turn, from the cache
+    plain = answer(events).text
+    drafted = answer(engine.chat(follow_up, max_tokens=24, sampling=GREEDY, drafter="model", draft_len=3))
+    assert drafted.text == plain and drafted.drafted > 0 and drafted.accepted < drafted.drafted
 
 
 def test_a_head_that_keeps_the_targets_tokens_is_not_loaded_beside_a_projector(smollm2_path):

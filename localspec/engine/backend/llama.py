@@ -17,8 +17,10 @@ from localspec.engine.backend.mtp import MtpHead, record_hidden
 from localspec.engine.backend.staging import Follower
 from localspec.engine.backend.staging import unavailable as heads_unavailable
 from localspec.engine.backend.gguf import ROLLBACK_POSITIONS, Vocab, _load_model, _Metadata
+from localspec.engine.backend.media import media_row, media_runs
 from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
 from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
+
 
 if TYPE_CHECKING:
     from localspec.engine.backend.vision import Projector
@@ -32,19 +34,6 @@ MAX_LOGITS_PER_CALL = 64
 
 
 # ----------------------------------------------------------------------------- models
-
-
-def media_runs(tokens: Sequence[int]) -> list[tuple[int, list[int]]]:
-    """(index of its first token, run) of each run of text tokens and of each image's ids (vision.py):
-    an image's ids count down by one from its first row's."""
-    runs: list[tuple[int, list[int]]] = []
-    for i, token in enumerate(tokens):
-        previous = runs[-1][1][-1] if runs else None
-        if previous is not None and (previous >= 0 and token >= 0 or previous < 0 and token == previous - 1):
-            runs[-1][1].append(token)
-        else:
-            runs.append((i, [token]))
-    return runs
 
 
 @dataclass(frozen=True)
@@ -168,6 +157,9 @@ class Model(_Metadata):
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.projector: Projector | None = None  # images in prompts (attach_projector)
         self._embd_batch: Any = None  # an image's rows (made at first use)
+        # Per sequence, the images placed with M-RoPE positions: (first index, rows, positions taken). A
+        # sequence's positions are its indices less what the images before took fewer (`_pos`, `_index`).
+        self._grids: list[list[tuple[int, int, int]]] = [[] for _ in range(cparams.n_seq_max)]
         newline = self.vocab.tokenize("\n", add_special=False, parse_special=False)
         self._blank = newline[0] if newline else max(self.vocab.bos, 0)  # what a model without a projector sees of an image
         # How many of its last positions a sequence can drop (None: any). A recurrent state rolls back
@@ -223,13 +215,14 @@ class Model(_Metadata):
         out = np.empty((len(logits_for), self.n_vocab), dtype=np.float32)  # filled straight from llama.cpp's buffer
         batch = self._batch
         assert batch is not None, "decode after close()"
+        first_pos = self._pos(seq, start)
         for chunk_start in range(0, len(tokens), self.n_batch):
             chunk = tokens[chunk_start:chunk_start + self.n_batch]
             batch.n_tokens = len(chunk)
             outputs = []
             for j, token in enumerate(chunk):
                 batch.token[j] = token
-                batch.pos[j] = start + chunk_start + j
+                batch.pos[j] = first_pos + chunk_start + j
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = seq
                 want = (chunk_start + j) in rows_of
@@ -268,28 +261,78 @@ class Model(_Metadata):
             raise ContextOverflowError(
                 f"{start + len(ids)} tokens do not fit the context window of {self.n_ctx} tokens.")
         assert self.projector is not None
-        embeddings, non_causal = self.projector.rows(ids)
-        if non_causal and len(ids) > self.n_batch:
+        embeddings, image = self.projector.rows(ids)
+        if image.non_causal and len(ids) > self.n_batch:
             raise LocalspecError(f"An image of {len(ids)} embeddings does not fit one batch of {self.n_batch}.")
-        if self._embd_batch is None:
-            self._embd_batch = L.llama_batch_init(self.n_batch, self.projector.n_embd, 1)
+        grid = self.projector.mrope
+        if self._embd_batch is None:  # (M-RoPE: four positions a row, section by section)
+            self._embd_batch = L.llama_batch_init(self.n_batch * (4 if grid else 1), self.projector.n_embd, 1)
         batch = self._embd_batch
-        if non_causal:
+        first_row = media_row(ids[0])[1]
+        origin = self._pos(seq, start - first_row)  # the image's first position
+        if image.non_causal:
             L.llama_set_causal_attn(self._ctx, False)
         try:
             for at in range(0, len(ids), self.n_batch):
                 rows = np.ascontiguousarray(embeddings[at:at + self.n_batch], dtype=np.float32)
                 ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
-                for j in range(len(rows)):
-                    batch.pos[j] = start + at + j
+                n = len(rows)
+                for j in range(n):
+                    row = first_row + at + j
+                    if grid:  # llama.cpp's M-RoPE sections: time, line, column, unused
+                        batch.pos[j], batch.pos[j + 3 * n] = origin, 0
+                        batch.pos[j + n], batch.pos[j + 2 * n] = origin + row // image.width, origin + row % image.width
+                    else:
+                        batch.pos[j] = origin + row
                     batch.n_seq_id[j] = 1
                     batch.seq_id[j][0] = seq
                     batch.logits[j] = False
-                batch.n_tokens = len(rows)
-                self._run([(seq, ids[at:at + len(rows)], start + at)], batch)
+                batch.n_tokens = n
+                self._run([(seq, ids[at:at + n], start + at)], batch)
         finally:
-            if non_causal:
+            if image.non_causal:
                 L.llama_set_causal_attn(self._ctx, True)
+        placed = (start - first_row, image.rows, image.n_pos)
+        if grid and image.n_pos != image.rows and placed not in self._grids[seq]:
+            self._grids[seq].append(placed)
+
+    @property
+    def _gridded(self) -> bool:
+        """Images placed with M-RoPE: positions are not indices, so no trees (their branches' positions) and
+        no shifting (a grid does not move as a run of positions does)."""
+        return self.projector is not None and self.projector.mrope
+
+    def _pos(self, seq: int, index: int) -> int:
+        """The position of a sequence's index: the index, less what its M-RoPE images before it took fewer
+        (an index inside one: that image's first position)."""
+        shift = 0
+        for first, rows, n_pos in self._grids[seq]:
+            if index < first + rows:
+                return first - shift if index > first else index - shift
+            shift += rows - n_pos
+        return index - shift
+
+    def _index(self, seq: int, pos: int) -> int:
+        """The index a position count stands for (`llama_memory_seq_pos_max` + 1, a checkpoint's): the
+        inverse of `_pos`; one within an image's positions is after the whole image."""
+        shift = 0
+        for first, rows, n_pos in self._grids[seq]:
+            origin = first - shift
+            if pos <= origin:
+                break
+            if pos <= origin + n_pos:
+                return first + rows
+            shift += rows - n_pos
+        return pos + shift
+
+    def _forget_grids(self, seq: int, n_keep: int) -> int:
+        """The images placed at or after `n_keep` forgotten; `n_keep` moved back to the start of an image it
+        falls inside (its rows are kept or dropped together)."""
+        for first, rows, _n_pos in self._grids[seq]:
+            if first < n_keep < first + rows:
+                n_keep = first
+        self._grids[seq] = [g for g in self._grids[seq] if g[0] + g[1] <= n_keep]
+        return n_keep
 
     def attach_projector(self, projector: "Projector") -> None:
         """Images in prompts, evaluated through `projector` (a vision.Projector loaded on this model)."""
@@ -321,9 +364,10 @@ class Model(_Metadata):
             if start + len(tokens) > self.n_ctx:
                 raise ContextOverflowError(
                     f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens.")
+            first_pos = self._pos(seq, start)
             for i, token in enumerate(tokens):
                 batch.token[j] = token
-                batch.pos[j] = start + i
+                batch.pos[j] = first_pos + i
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = seq
                 batch.logits[j] = i >= len(tokens) - count
@@ -361,7 +405,7 @@ class Model(_Metadata):
     def spare_seqs(self) -> tuple[int, ...]:
         """The sequences a candidate tree's other branches use; none while heads follow this cache (they
         would see the tree's rows as a sequence's)."""
-        return () if self._followers else self._spares
+        return () if self._followers or self._gridded else self._spares
 
     def fork(self, seq: int, spares: Sequence[int]) -> None:
         """Each of `spares` holds what `seq` holds (in the one buffer: each cell gains a sequence id)."""
@@ -428,6 +472,7 @@ class Model(_Metadata):
             return
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        self._grids[dst] = list(self._grids[src])
         self._removable[dst] = 0
         self._checkpoints[dst] = []
         for follower in self._followers:
@@ -438,7 +483,7 @@ class Model(_Metadata):
         than its snapshots; nothing for a model without recurrent layers."""
         if not self.recurrent:
             return
-        pos = L.llama_memory_seq_pos_max(self._memory, seq) + 1
+        pos = self._index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)  # (an index: `_restore`)
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent layers only: attention keeps every position
         size = L.llama_state_seq_get_size_ext(self._ctx, seq, flags)
         data = (ctypes.c_uint8 * size)()
@@ -459,10 +504,12 @@ class Model(_Metadata):
             pos, data = self._checkpoints[seq][-1]
             flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             if (L.llama_state_seq_set_data_ext(self._ctx, data, len(data), seq, flags) == len(data)
-                    and L.llama_memory_seq_rm(self._memory, seq, pos, -1)):
+                    and L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, pos), -1)):
+                self._forget_grids(seq, pos)
                 return pos
             self._checkpoints[seq].pop()
         L.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        self._grids[seq] = []
         return 0
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:
@@ -479,15 +526,16 @@ class Model(_Metadata):
 
     def _truncate(self, n_keep: int, seq: int) -> int:
         if self.recurrent:
-            held = L.llama_memory_seq_pos_max(self._memory, seq) + 1
+            held = self._index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)
             if n_keep >= held:
                 return held
             removable, self._removable[seq] = self._removable[seq], 0  # llama.cpp restores one snapshot per decode
             self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]  # the later ones go
-            if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
-                return n_keep
+            if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
+                return self._forget_grids(seq, n_keep)
             return self._restore(seq, n_keep)
-        if not L.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
+        n_keep = self._forget_grids(seq, n_keep) if self._grids[seq] else n_keep
+        if not L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
         return n_keep
@@ -501,7 +549,8 @@ class Model(_Metadata):
         """Whether cached positions can be moved (`cut`): llama.cpp's K-shift, not for every model, and
         never past a recurrent state (it would still hold the tokens cut out), nor with heads following
         (their caches pair each position with the target's states, which a shift would not move)."""
-        return not self.recurrent and not self._followers and bool(L.llama_memory_can_shift(self._memory))
+        return (not self.recurrent and not self._followers and not self._gridded
+                and bool(L.llama_memory_can_shift(self._memory)))
 
     def cut(self, p0: int, p1: int, seq: int = 0) -> None:
         """Remove positions p0..p1-1 of sequence `seq` and move every later one down by p1 - p0 (their
@@ -517,6 +566,7 @@ class Model(_Metadata):
             follower.clear()
         self._removable = [0] * self.n_seq
         self._checkpoints = [[] for _ in range(self.n_seq)]
+        self._grids = [[] for _ in range(len(self._grids))]
 
     def add_follower(self, head: "Follower") -> None:
         """A head whose cache follows this model's (backend/mtp.py, backend/eagle3.py): it sees every

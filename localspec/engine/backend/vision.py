@@ -2,11 +2,12 @@
 llama-cpp-python vendors): a projector file (`mmproj`) beside the target encodes an image into rows of
 embeddings, which the target evaluates where the image stands in the prompt (`Model.decode`).
 
-A prompt with images is a list of ints like any other: text tokens and, for each image, one id per
-embedding row, negative (no vocabulary has them): `media_id(key, row)`. Equal images get equal ids, so
-prefix reuse and slots work unchanged, and a follow-up about the same image finds it in the cache (nothing
-encoded, nothing evaluated again). The projector keeps each image's bytes and, within a memory budget, its
-embeddings; dropped embeddings are encoded again when a decode needs them.
+A prompt with images is a list of ints like any other (backend/media.py): text tokens and, for each image,
+one negative id per embedding row. Equal images get equal ids, so prefix reuse and slots work unchanged,
+and a follow-up about the same image finds it in the cache (nothing encoded, nothing evaluated again). The
+projector keeps each image's bytes and, within a memory budget, its embeddings; dropped embeddings are
+encoded again when a decode needs them. Where the target uses M-RoPE (Qwen-VL, Qwen3.5), an image's rows
+sit on a grid of positions and take fewer than one each: `Model` keeps each sequence's layout.
 """
 
 from __future__ import annotations
@@ -24,24 +25,13 @@ import numpy as np
 from llama_cpp import mtmd_cpp as M
 
 from localspec.engine.backend.gguf import read_architecture
+from localspec.engine.backend.media import MEDIA_KEYS, MEDIA_ROWS, media_id, media_row
 from localspec.engine.backend.system import _on_log, init, problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError
 
-MEDIA_ROWS = 1 << 14                 # an image's ids' span: it may have one row fewer
-MEDIA_KEYS = (1 << 31) // MEDIA_ROWS - 1  # images told apart at once (ids stay within int32)
 MAX_PIXELS = 50_000_000              # an image's width x height; larger ones are refused, not shrunk
 EMBEDDINGS_BUDGET = 512 << 20        # bytes of embeddings kept for images already encoded
 IMAGES_KEPT = 256                    # images whose bytes are kept to encode again
-
-
-def media_id(key: int, row: int) -> int:
-    """The id of row `row` of image `key` in a prompt."""
-    return -1 - (key * MEDIA_ROWS + row)
-
-
-def media_row(token: int) -> tuple[int, int]:
-    """(image key, row) of a media id."""
-    return divmod(-1 - token, MEDIA_ROWS)
 
 
 def available() -> str | None:
@@ -58,10 +48,14 @@ class ImageError(LocalspecError):
 
 
 @dataclass
-class _Image:
+class Image:
+    """One image a projector knows: its bytes, its rows, how the target places them, its embeddings."""
+
     data: bytes
     rows: int
     non_causal: bool
+    n_pos: int      # positions it takes: `rows`, or with M-RoPE max(width, height) in rows of the grid
+    width: int      # rows per line of its grid (M-RoPE places row i at (i // width, i % width))
     embeddings: np.ndarray | None = None  # (rows, n_embd) float32, or None once dropped
 
 
@@ -91,17 +85,16 @@ class Projector:
         try:
             if not M.mtmd_support_vision(self._ctx):
                 raise ModelFileError(f"{self.path.name} has no image encoder (an audio projector?); localspec takes images.")
-            if M.mtmd_decode_use_mrope(self._ctx):
-                raise ModelFileError(f"{self.path.name} places images with M-RoPE positions (the Qwen-VL family), "
-                                     "which localspec does not evaluate yet.")
         except BaseException:
             self.close()
             raise
         self.marker = (M.mtmd_default_marker() or b"<__media__>").decode()
+        # The target places an image's rows on a 2D grid (Qwen-VL's M-RoPE): it takes fewer positions than rows
+        self.mrope = bool(M.mtmd_decode_use_mrope(self._ctx))
         self.n_embd = L.llama_model_n_embd_inp(target._model)
         self._lock = threading.RLock()  # mtmd's context is one thread's at a time
         self._keys: dict[str, int] = {}  # sha256 -> key
-        self._images: collections.OrderedDict[int, _Image] = collections.OrderedDict()
+        self._images: collections.OrderedDict[int, Image] = collections.OrderedDict()
         self._next_key = 0
         self.encoded = 0  # images encoded over the projector's life (a follow-up encodes none)
 
@@ -178,7 +171,10 @@ class Projector:
             if rows >= MEDIA_ROWS:
                 raise ImageError(f"The image makes {rows} embeddings; at most {MEDIA_ROWS - 1} are taken.")
             self._keys[digest] = key
-            self._images[key] = _Image(data, rows, bool(M.mtmd_decode_use_non_causal(self._ctx, chunk)))
+            grid = M.mtmd_input_chunk_get_tokens_image(chunk)
+            self._images[key] = Image(data, rows, bool(M.mtmd_decode_use_non_causal(self._ctx, chunk)),
+                                      n_pos=M.mtmd_input_chunk_get_n_pos(chunk),
+                                      width=max(1, M.mtmd_image_tokens_get_nx(grid)) if grid else rows)
         self._images.move_to_end(key)
         record = self._images[key]
         if record.embeddings is None:
@@ -214,9 +210,9 @@ class Projector:
 
     # ------------------------------------------------------------------ decoding
 
-    def rows(self, ids: Sequence[int]) -> tuple[np.ndarray, bool]:
-        """The embeddings of a run of media ids of one image, (len(ids), n_embd) float32, and whether the
-        image is evaluated with non-causal attention."""
+    def rows(self, ids: Sequence[int]) -> tuple[np.ndarray, Image]:
+        """The embeddings of a run of media ids of one image, (len(ids), n_embd) float32, and the image (how
+        it is evaluated: non-causal attention, its positions)."""
         key, first = media_row(ids[0])
         record = self._images.get(key)
         if record is None:
@@ -228,9 +224,9 @@ class Projector:
                     record.embeddings = self._encode_again(record)
                     self._trim()
                 embeddings = record.embeddings
-        return embeddings[first:first + len(ids)], record.non_causal
+        return embeddings[first:first + len(ids)], record
 
-    def _encode_again(self, record: _Image) -> np.ndarray:
+    def _encode_again(self, record: Image) -> np.ndarray:
         bitmap = self._bitmap(record.data, 1, 1)
         chunks = M.mtmd_input_chunks_init()
         try:
