@@ -218,26 +218,46 @@ def test_m_rope_follow_ups_reuse_the_cache_and_drafts_roll_back(gridded):
     assert drafted.text == plain and drafted.drafted > 0 and drafted.accepted < drafted.drafted
 
 
-def test_a_head_that_keeps_the_targets_tokens_is_not_loaded_beside_a_projector(smollm2_path):
-    """An MTP head mirrors the target's cache token by token; an image's rows have no token: refused with
-    the reason, or, for a projector nobody asked for (the catalog's), a warning and text only."""
+@pytest.mark.parametrize("kind", ["mtp", "eagle3", "dflash"])
+def test_heads_that_keep_the_targets_tokens_draft_after_an_image(smollm2_path, projector_path, kind):
+    """MTP, EAGLE-3 and DFlash mirror the target's cache token by token; at an image's rows they pair the
+    target's states with a newline (as a draft model sees the image), and drafting goes on after it."""
+    from reference_drafts import SCRIPT
+
+    if kind == "mtp":  # Qwen3.5 with its MTP block, and its images on M-RoPE's grid
+        target = random_file("qwen35-tiny-mtp1-stdev0.06.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, "mtp"))
+        projector = random_file("mmproj-qwen2vl-for-qwen35-tiny-mtp.gguf",
+                                lambda path: RECORDER.write_projector(path, target, "mmproj-qwen2vl"))
+        engine = load_files(target, mmproj=projector, drafter="mtp", calibrate=False, history="off", n_ctx=1024)
+    else:  # a draft beside the tests' SmolLM2
+        draft = random_file(f"{kind}-for-smollm2-135m.gguf", lambda path: SCRIPT.write_file(path, smollm2_path, kind))
+        engine = load_files(smollm2_path, draft_path=draft, mmproj=projector_path, drafter=kind, calibrate=False,
+                            history="off", n_ctx=1024)
+    try:
+        assert engine.sees_images
+        tokens = engine.image_tokens(MEDIA_MARKER + "one two three four five six seven eight nine ten one two",
+                                     [IMAGE_A])
+        plain = answer(engine.generate(tokens, max_tokens=32, sampling=GREEDY, drafter="none"))
+        drafted = answer(engine.generate(tokens, max_tokens=32, sampling=GREEDY, drafter=kind, draft_len=3))
+        assert drafted.text == plain.text
+        assert drafted.drafted_by_drafter.get(kind, 0) > 0
+    finally:
+        engine.close()
+
+
+def test_a_target_whose_graph_refuses_embeddings_is_refused_at_load_not_aborted(smollm2_path):
+    """llama.cpp aborts the process on an image's embeddings for GLM-4 files without M-RoPE sections."""
     from reference_drafts import SCRIPT
 
     target = random_file("glm4moe-tiny-mtp1-stdev0.13.gguf",
                          lambda path: SCRIPT.write_file(path, smollm2_path, "mtp-glm4moe"))
     projector = random_file("mmproj-for-glm4moe-tiny.gguf", lambda path: RECORDER.write_projector(path, target))
-    with pytest.raises(LocalspecError, match="keeps a cache of the target's tokens"):
-        load_files(target, mmproj=projector, drafter="mtp", calibrate=False, history="off", n_ctx=512)
+    with pytest.raises(ModelFileError, match="cannot take images"):
+        load_files(target, mmproj=projector, drafter="none", calibrate=False, history="off", n_ctx=512)
     engine = load_files(target, mmproj=projector, mmproj_optional=True, drafter="mtp", calibrate=False,
                         history="off", n_ctx=512)
-    try:
-        assert not engine.sees_images and "mtp" in engine.drafters
-        assert any(w.startswith("images are off") for w in engine.warnings)
-    finally:
-        engine.close()
-    engine = load_files(target, mmproj=projector, drafter="ngram", calibrate=False, history="off", n_ctx=512)
-    try:
-        assert engine.sees_images  # (no head loaded: images on)
+    try:  # (the catalog's projector: a warning, and the model answers text)
+        assert not engine.sees_images and any(w.startswith("images are off") for w in engine.warnings)
     finally:
         engine.close()
 

@@ -33,7 +33,6 @@ class Gemma4Assistant(BesideTarget):
 
     kind = "Gemma 4 assistant"
     max_steps = None  # every step reads the same cache: a draft goes on as long as asked
-    follows_images = True  # it keeps only the target's states, which an image's rows have as text's do
 
     def __init__(self, path: Path | str, target: Model):
         super().__init__(path, target)

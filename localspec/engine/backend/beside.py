@@ -17,7 +17,6 @@ from localspec.errors import LocalspecError
 
 class BesideTarget(_Metadata):
     kind = "hidden-state"  # the kind of draft, in messages ("EAGLE-3", "DFlash")
-    follows_images = False  # its cache holds the target's tokens, which an image's rows have none of
 
     def __init__(self, path: Path | str, target: Model):
         self.path = Path(path)

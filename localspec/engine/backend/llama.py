@@ -336,9 +336,6 @@ class Model(_Metadata):
 
     def attach_projector(self, projector: "Projector") -> None:
         """Images in prompts, evaluated through `projector` (a vision.Projector loaded on this model)."""
-        if any(not head.follows_images for head in self._followers):
-            raise LocalspecError("Images beside a head that keeps a cache of the target's tokens (MTP, EAGLE-3, "
-                                 "DFlash) are not supported yet; load with --drafter model, ngram or none.")
         self.projector = projector
         self.attach(projector.close)
 
@@ -460,7 +457,10 @@ class Model(_Metadata):
         if self._followers:
             first, follow = 0, []
             for seq, tokens, start in parts:
-                follow.append((seq, tokens, start, range(first, first + len(tokens))))
+                # an image's rows: the heads pair the target's states there with a newline, as a draft model
+                # sees them (llama.cpp's draft-mtp skips them and leaves a gap)
+                seen = tokens if not tokens or tokens[0] >= 0 else [self._blank] * len(tokens)
+                follow.append((seq, seen, start, range(first, first + len(tokens))))
                 first += len(tokens)
             for follower in self._followers:
                 follower.follow(follow)

@@ -39,8 +39,6 @@ class MtpHead:
     the target's, sequence by sequence. Made by `backend.Model` when the file has heads and the build can
     run them, with the target context's settings."""
 
-    follows_images = False  # its cache holds the target's tokens, which an image's rows have none of
-
     def __init__(self, weights, target_ctx, *, n_layers: int, n_vocab: int, kv_unified: bool, threads: int,
                  attention_type: int, name: str):
         self.n_layers = n_layers

@@ -59,9 +59,6 @@ def unavailable() -> str:
 class Follower(Protocol):
     """A head whose KV cache follows a target `Model`'s (`Model.add_follower`)."""
 
-    # Whether it can follow a decode of an image's rows (embeddings, no token ids: backend/vision.py)
-    follows_images: bool
-
     def follow(self, parts: Sequence[tuple[int, Sequence[int], int, Sequence[int]]]) -> None:
         """The target just decoded these parts: (seq, tokens, start, the tokens' batch indices)."""
         ...

@@ -32,6 +32,9 @@ from localspec.errors import LocalspecError, ModelFileError
 MAX_PIXELS = 50_000_000              # an image's width x height; larger ones are refused, not shrunk
 EMBEDDINGS_BUDGET = 512 << 20        # bytes of embeddings kept for images already encoded
 IMAGES_KEPT = 256                    # images whose bytes are kept to encode again
+# Text architectures whose llama.cpp graph aborts on embeddings input unless their file has M-RoPE sections
+# (src/models/glm4.cpp, glm4-moe.cpp: "This GGUF does not support multimodal")
+NO_EMBEDDINGS_WITHOUT_MROPE = ("glm4", "glm4moe")
 
 
 def available() -> str | None:
@@ -83,6 +86,9 @@ class Projector:
             why = problems_since(mark) or "see LOCALSPEC_LLAMA_LOG=1"
             raise ModelFileError(f"{self.path.name} cannot be loaded as the projector of {target.path.name}: {why}")
         try:
+            if target.architecture in NO_EMBEDDINGS_WITHOUT_MROPE and not M.mtmd_decode_use_mrope(self._ctx):
+                raise ModelFileError(f"{target.path.name} ({target.architecture}, without M-RoPE sections) cannot "
+                                     "take images: llama.cpp refuses embeddings input for it.")
             if not M.mtmd_support_vision(self._ctx):
                 raise ModelFileError(f"{self.path.name} has no image encoder (an audio projector?); localspec takes images.")
         except BaseException:
