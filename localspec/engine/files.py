@@ -126,17 +126,14 @@ def _attach_projector(target, mmproj: str | Path, optional: bool) -> str | None:
     from localspec.engine.backend.vision import Projector
     from localspec.errors import LocalspecError
 
-    projector = None
     try:
         projector = Projector(mmproj, target, threads=target.options.threads(),
                               use_gpu=target.options.gpu_layers() != 0)
-        target.attach_projector(projector)
     except LocalspecError as exc:
-        if projector is not None:  # (loaded, but the target's heads cannot follow images)
-            projector.close()
         if not optional:
             raise
         return str(exc)
+    target.attach_projector(projector)
     return None
 
 
