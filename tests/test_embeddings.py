@@ -154,14 +154,10 @@ def test_an_embedding_model_of_its_own_answers_beside_the_chat_model(smollm2_pat
 def test_an_encoder_embedding_model_pools_the_whole_text_as_llama_cpp_does(smollm2_path):
     """A BERT-like encoder (bidirectional attention, the file's own mean pooling, as nomic-embed-text and
     bge are) sees a text whole, in one batch; random weights written by tests/fixtures/random_gguf.py."""
-    from conftest import TEST_CACHE
+    from conftest import random_file, random_gguf_writer
     from localspec.server.embeddings import embedding_model
-    from test_hybrid import _random_gguf_module
 
-    path = TEST_CACHE / "random-ggufs" / "bert-tiny.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _random_gguf_module().write("bert", path, smollm2_path)
+    path = random_file("bert-tiny.gguf", lambda out: random_gguf_writer().write("bert", out, smollm2_path))
     model = embedding_model(str(path))
     embedder = model.embedder()
     assert not embedder.causal and embedder.pooling_name == "mean" and embedder.chunk == embedder.max_tokens
