@@ -151,7 +151,18 @@ class History:
             self.db.execute("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
+        """The conversation and its messages; its images' files too, where no other message refers to them."""
+        held = self._images(conversation_id)
         self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        for digest in held - self._images():
+            (paths.images_dir() / digest).unlink(missing_ok=True)
+
+    def _images(self, conversation_id: int | None = None) -> set[str]:
+        """The hashes of the images messages refer to (one conversation's, or all)."""
+        where = "" if conversation_id is None else " AND conversation_id = ?"
+        rows = self.db.execute(f"SELECT images FROM messages WHERE images IS NOT NULL{where}",
+                               () if conversation_id is None else (conversation_id,)).fetchall()
+        return {ref["sha256"] for (text,) in rows for ref in _load(text) or () if isinstance(ref, dict) and "sha256" in ref}
 
     # ------------------------------------------------------------------ messages
 

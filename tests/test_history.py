@@ -64,6 +64,26 @@ def test_rename_delete_export_and_prompt_recall(tmp_path):
     assert history.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (a.id,)).fetchone()[0] == 0
 
 
+def test_images_are_kept_by_hash_and_go_with_the_last_conversation_that_shows_them(tmp_path):
+    """An image's bytes live beside the history (by sha256), never in a row; deleting a conversation deletes
+    the files only it referred to."""
+    from localspec import paths
+    from localspec.history import read_image, save_image
+
+    history = History(tmp_path / "h.sqlite3")
+    shared, own = save_image(b"shared image bytes"), save_image(b"own image bytes")
+    assert save_image(b"shared image bytes") == shared  # (one file per content)
+    a, b = history.create("A"), history.create("B")
+    history.add(a.id, "user", "look", images=[{"sha256": shared, "name": "s.png"}, {"sha256": own, "name": "o.png"}])
+    history.add(b.id, "user", "again", images=[{"sha256": shared, "name": "s.png"}])
+    assert history.messages(a.id)[0].images == [{"sha256": shared, "name": "s.png"}, {"sha256": own, "name": "o.png"}]
+    assert b"own image bytes" not in b"".join(row[0].encode() for row in history.db.execute("SELECT images FROM messages"))
+    history.delete(a.id)
+    assert read_image(own) is None and read_image(shared) == b"shared image bytes"
+    history.delete(b.id)
+    assert read_image(shared) is None and not any(paths.images_dir().iterdir())
+
+
 def test_an_answers_summary_comes_back_typed_from_the_history(tmp_path):
     """The TUI reads stored answers as the engine's Summary (no dictionaries of statistics past the
     history): what `Summary.stored` keeps comes back equal, an older row missing fields gets their
