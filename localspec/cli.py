@@ -107,11 +107,12 @@ def check(target: str, draft: str | None, mmproj: str | None) -> None:
     projector = model_file(mmproj) if mmproj else catalog_projector(target)
     if draft is None and projector is None:
         raise click.UsageError("Give a DRAFT to check as a pair, or --mmproj to check an image projector.")
-    paired = _check_pair(model_file(target), model_file(draft)) if draft is not None else True
+    target_path = model_file(target)
+    paired = _check_pair(target_path, model_file(draft)) if draft is not None else True
     if projector is not None:
         from localspec.engine.files import projector_problem
 
-        problem = projector_problem(model_file(target), projector)
+        problem = projector_problem(target_path, projector)
         mark = click.style("FAIL", fg="red", bold=True) if problem else click.style("pass", fg="green")
         click.echo(f"images: {projector}")
         click.echo(f"  {mark}  {problem or 'the projector loads on this target: it sees images'}")

@@ -243,7 +243,7 @@ class Model(_Metadata):
         out = np.zeros((len(logits_for), self.n_vocab), dtype=np.float32)
         for first, run in media_runs(tokens):
             if run[0] >= 0 or self.projector is None:
-                text = run if run[0] >= 0 else [self._blank] * len(run)
+                text = self._as_text(run)
                 wanted = [(row, index - first) for row, index in enumerate(logits_for) if first <= index < first + len(run)]
                 rows = self.decode(text, start + first, [index for _row, index in wanted], seq)
                 for (row, _index), logits in zip(wanted, rows):
@@ -295,6 +295,11 @@ class Model(_Metadata):
         placed = (start - first_row, image.rows, image.n_pos)
         if grid and image.n_pos != image.rows and placed not in self._grids[seq]:
             self._grids[seq].append(placed)
+
+    def _as_text(self, run: list[int]) -> list[int]:
+        """A run of text tokens as it is; a run of an image's ids as a newline at each row: what a model
+        without the projector (a draft model) or a head reading the target's tokens sees of the image."""
+        return run if not run or run[0] >= 0 else [self._blank] * len(run)
 
     @property
     def _gridded(self) -> bool:
@@ -457,10 +462,9 @@ class Model(_Metadata):
         if self._followers:
             first, follow = 0, []
             for seq, tokens, start in parts:
-                # an image's rows: the heads pair the target's states there with a newline, as a draft model
-                # sees them (llama.cpp's draft-mtp skips them and leaves a gap)
-                seen = tokens if not tokens or tokens[0] >= 0 else [self._blank] * len(tokens)
-                follow.append((seq, seen, start, range(first, first + len(tokens))))
+                # an image's rows: the heads pair the target's states there with the same newline a draft model
+                # sees (llama.cpp's draft-mtp skips them and leaves a gap)
+                follow.append((seq, self._as_text(tokens), start, range(first, first + len(tokens))))
                 first += len(tokens)
             for follower in self._followers:
                 follower.follow(follow)
@@ -534,7 +538,7 @@ class Model(_Metadata):
             if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
                 return self._forget_grids(seq, n_keep)
             return self._restore(seq, n_keep)
-        n_keep = self._forget_grids(seq, n_keep) if self._grids[seq] else n_keep
+        n_keep = self._forget_grids(seq, n_keep)
         if not L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")

@@ -59,6 +59,7 @@ class Image:
     non_causal: bool
     n_pos: int      # positions it takes: `rows`, or with M-RoPE max(width, height) in rows of the grid
     width: int      # rows per line of its grid (M-RoPE places row i at (i // width, i % width))
+    digest: str     # sha256 of `data`: what a prompt's same image is found by
     embeddings: np.ndarray | None = None  # (rows, n_embd) float32, or None once dropped
 
 
@@ -151,12 +152,13 @@ class Projector:
         image = 0
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
-            if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            kind = M.mtmd_input_chunk_get_type(chunk)
+            if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = ctypes.c_size_t(0)
                 tokens = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 ids.extend(tokens[j] for j in range(n.value))
                 continue
-            if M.mtmd_input_chunk_get_type(chunk) != M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            if kind != M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise ImageError("localspec takes images only, not audio.")
             key = self._remember(images[image], chunk)
             image += 1
@@ -170,9 +172,7 @@ class Projector:
         if key is None or key not in self._images:
             key = self._next_key
             self._next_key = (self._next_key + 1) % MEDIA_KEYS
-            stale = self._images.pop(key, None)
-            if stale is not None:
-                self._keys = {d: k for d, k in self._keys.items() if k != key}
+            self._forget(key)
             rows = M.mtmd_input_chunk_get_n_tokens(chunk)
             if rows >= MEDIA_ROWS:
                 raise ImageError(f"The image makes {rows} embeddings; at most {MEDIA_ROWS - 1} are taken.")
@@ -180,16 +180,22 @@ class Projector:
             grid = M.mtmd_input_chunk_get_tokens_image(chunk)
             self._images[key] = Image(data, rows, bool(M.mtmd_decode_use_non_causal(self._ctx, chunk)),
                                       n_pos=M.mtmd_input_chunk_get_n_pos(chunk),
-                                      width=max(1, M.mtmd_image_tokens_get_nx(grid)) if grid else rows)
+                                      width=max(1, M.mtmd_image_tokens_get_nx(grid)) if grid else rows,
+                                      digest=digest)
         self._images.move_to_end(key)
         record = self._images[key]
         if record.embeddings is None:
             record.embeddings = self._encode(chunk, record.rows)
             self._trim()
         while len(self._images) > IMAGES_KEPT:
-            old, _ = self._images.popitem(last=False)
-            self._keys = {d: k for d, k in self._keys.items() if k != old}
+            self._forget(next(iter(self._images)))
         return key
+
+    def _forget(self, key: int) -> None:
+        """An image no longer held (its key is taken again, or it is the least recently used)."""
+        record = self._images.pop(key, None)
+        if record is not None:
+            self._keys.pop(record.digest, None)
 
     def _encode(self, chunk, rows: int) -> np.ndarray:
         if M.mtmd_encode_chunk(self._ctx, chunk) != 0:
