@@ -97,6 +97,20 @@ def test_a_follow_up_on_the_same_image_encodes_nothing_and_evaluates_only_its_ne
     assert prefill.cached >= sum(t < 0 for t in engine.chat_tokens(first))
 
 
+def test_an_image_no_longer_held_is_refused_and_encoded_again_when_sent_again(engine, monkeypatch):
+    from localspec.engine.backend import vision
+
+    monkeypatch.setattr(vision, "IMAGES_KEPT", 1)
+    first = engine.image_tokens(MEDIA_MARKER + "?", [IMAGE_A])
+    engine.image_tokens(MEDIA_MARKER + "?", [IMAGE_B])  # (A is the least recently used: forgotten)
+    assert not engine.projector.holds(min(first))
+    with pytest.raises(LocalspecError, match="no longer holds; send the image again"):
+        list(engine.generate(first, max_tokens=2))
+    encoded = engine.projector.encoded
+    again = engine.image_tokens(MEDIA_MARKER + "?", [IMAGE_A])
+    assert engine.projector.encoded == encoded + 1 and engine.projector.holds(min(again))
+
+
 def test_two_images_in_one_message_stand_in_order(engine):
     tokens = engine.chat_tokens([with_images({"role": "user", "content": "Compare them."}, [IMAGE_A, IMAGE_B])])
     images = [run for _first, run in media_runs(tokens) if run[0] < 0]

@@ -66,6 +66,8 @@ def check(target: LanguageModel, drafters: Sequence[str], prompt: str | Sequence
         raise LocalspecError("The prompt is empty.")
     projector = target.projector  # an image's ids (backend/vision.py) are its to know
     outside = [t for t in tokens if not 0 <= t < target.n_vocab and not (t < 0 and projector and projector.holds(t))]
+    if outside and outside[0] < 0 and projector:
+        raise LocalspecError("The prompt holds rows of an image the model no longer holds; send the image again.")
     if outside:  # llama.cpp would fail the decode (or read out of bounds) on it
         raise LocalspecError(f"Token id {outside[0]} is outside this model's vocabulary (0 to {target.n_vocab - 1}).")
     if max_tokens < 1:
