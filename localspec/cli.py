@@ -11,7 +11,7 @@ import click
 from localspec import __version__, paths
 from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, mmproj_option, no_history_option,
                                    rpc_load_options, rpc_options, sampling, sampling_options)
-from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.session import MEDIA_MARKER, with_images
 from localspec.errors import LocalspecError
 from localspec.units import human_bytes

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from localspec import paths
-from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import LocalspecError
 

@@ -235,15 +235,17 @@ class HostedEngine(OneRequestAtATime):
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> Iterator[Event]:
+             cancel: threading.Event | None = None, draft_max: int | None = None,
+             draft_min: int = 0) -> Iterator[Event]:
         return self.generate(self.chat_tokens(messages), max_tokens=max_tokens, sampling=sampling, drafter=drafter,
-                             draft_len=draft_len, stop=stop, cancel=cancel)
+                             draft_len=draft_len, stop=stop, cancel=cancel, draft_max=draft_max, draft_min=draft_min)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
                  drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None) -> Iterator[Event]:
+                 cancel: threading.Event | None = None, draft_max: int | None = None,
+                 draft_min: int = 0) -> Iterator[Event]:
         options = {"max_tokens": max_tokens, "sampling": sampling, "drafter": drafter, "draft_len": draft_len,
-                   "stop": tuple(stop)}
+                   "stop": tuple(stop), "draft_max": draft_max, "draft_min": draft_min}
         return self._stream(prompt if isinstance(prompt, str) else list(prompt), options, cancel or threading.Event())
 
     def _stream(self, prompt, options: dict[str, Any], cancel: threading.Event) -> Iterator[Event]:

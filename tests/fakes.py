@@ -61,7 +61,7 @@ class ScriptedEngine(OneRequestAtATime):
         return available_drafters(["ngram", "history", *(["model"] if self.draft else [])])
 
     def chat(self, messages, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
-             cancel=None):
+             cancel=None, draft_max=None, draft_min=0):
         self.calls.append({"messages": [dict(m) for m in messages], "max_tokens": max_tokens, "sampling": sampling,
                            "drafter": drafter, "draft_len": draft_len})
         problem = unavailable_drafter(drafter or "auto", self.drafters)
@@ -88,7 +88,7 @@ class ScriptedEngine(OneRequestAtATime):
         raise LocalspecError("This model cannot see images.")
 
     def generate(self, prompt, *, max_tokens=512, sampling=None, drafter=None, draft_len="default", stop=(),
-                 cancel=None):
+                 cancel=None, draft_max=None, draft_min=0):
         tokens = self.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self.calls.append({"tokens": tokens, "max_tokens": max_tokens, "sampling": sampling, "drafter": drafter,
                            "draft_len": draft_len, "stop": tuple(stop)})

@@ -7,6 +7,7 @@ import threading
 from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.events import Prefill, Round, Summary, answer_tokens
+from localspec.engine.params import GenerationParams
 from localspec.engine.request import check
 from localspec.engine.sampling import SamplingSettings
 from toy import ToyModel, submit_one
@@ -32,8 +33,8 @@ def _solo(prompt, sampling, max_tokens):
 
 
 def _request(engine, prompt, max_tokens, sampling=GREEDY, cancel=None):
-    return check(engine.target, engine.drafters, prompt, max_tokens=max_tokens, sampling=sampling, mode="auto",
-                 draft_len="default", default_len=None, stop=(), cancel=cancel or threading.Event())
+    return check(engine.target, engine.drafters, prompt, GenerationParams.one(sampling, max_tokens=max_tokens), 0,
+                 EngineOptions(drafter="auto"), cancel or threading.Event())
 
 
 def test_lanes_join_leave_and_abort_between_steps_and_each_answer_is_its_solo_answer():

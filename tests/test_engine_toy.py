@@ -1001,3 +1001,41 @@ def test_a_requests_longest_and_shortest_draft_bound_every_round():
     assert any(n > 2 for n in drafted)  # (unbounded but by 6, drafts there are longer than the first bound)
     with pytest.raises(LocalspecError, match="shortest draft asked for"):
         engine.submit(PROMPTS[0], GenerationParams.one(draft_max=2, draft_min=3), lambda item: None)
+    # The Python API's keywords are the same bounds; a longest draft of 0 is plain decoding.
+    for longest in (2, 0):
+        events = list(engine.generate(PROMPTS[0], max_tokens=60, draft_max=longest))
+        assert _tokens(events) == _plain(PROMPTS[0], 60)
+        deepest = max(len(r.accepted) + len(r.rejected) for r in events if isinstance(r, Round))
+        assert 0 < deepest <= 2 if longest else deepest == 0
+        assert (events[-1].drafter == "none") == (longest == 0)
+    with pytest.raises(LocalspecError, match="shortest draft asked for"):
+        next(iter(engine.generate(PROMPTS[0], draft_max=2, draft_min=3)))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_tokens": 0}, "max_tokens must be at least 1."),
+    ({"drafter": "nope"}, "Unknown drafter 'nope'; choose one of auto, "),
+    ({"draft_len": "long"}, "draft_len must be a number of tokens, none, or 'default' (got 'long')."),
+    ({"draft_len": -1}, "draft_len must be a number of tokens"),
+    ({"draft_min": -1}, "Draft bounds are numbers of tokens (got -1 to None)."),
+    ({"draft_max": 2, "draft_min": 3}, "The shortest draft asked for (3) is longer than the longest (2)."),
+    ({"stop": ("x",) * 65}, "stop takes at most 64 strings"),
+    ({"stop": ("x" * 501,)}, "stop takes at most 64 strings of at most 500 characters (got 1, the longest 501)."),
+    ({"samplings": ()}, "Ask for at least one completion."),
+])
+def test_a_requests_settings_are_checked_once_where_they_are_made(fields, message):
+    """GenerationParams refuses what no engine could run, with the message every front door answers."""
+    from localspec.engine.params import GenerationParams
+
+    with pytest.raises(LocalspecError) as refused:
+        GenerationParams(**fields)
+    assert str(refused.value).startswith(message)
+
+
+def test_settings_are_kept_as_asked_but_for_what_means_nothing():
+    from localspec.engine.params import GenerationParams
+
+    params = GenerationParams(stop=["", "\n\n"], draft_max=0, drafter="model")
+    assert params.stop == ("\n\n",)                        # an empty stop string would end every answer at once
+    assert (params.drafter, params.draft_max) == ("none", None)  # a longest draft of 0: Ollama's "off"
+    assert GenerationParams(drafter="model", draft_max=3).drafter == "model"

@@ -158,7 +158,8 @@ def test_history_off_means_no_history_drafter():
 
 
 def test_every_registered_drafter_is_a_drafter_setting():
-    from localspec.engine.contract import DRAFTER_HELP, DRAFTER_SETTINGS
+    from localspec.engine.contract import DRAFTER_HELP
+    from localspec.engine.params import DRAFTER_SETTINGS
 
     assert [r.name for r in REGISTRY] == list(DRAFTER_SETTINGS[1:-1])
     assert all(r.name in DRAFTER_HELP for r in REGISTRY)

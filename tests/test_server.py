@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from localspec.engine.events import Round
+from localspec.engine.sampling import SamplingSettings
 from localspec.server.run import start_in_thread
 from servers import serving
 
@@ -359,6 +361,48 @@ def test_each_dialects_draft_bounds_reach_the_planner_and_the_answer_says_who_dr
     bad = post(server, "/completion", {"prompt": prompt, "speculative.n_max": 2, "speculative.n_min": 3})
     assert bad.status_code == 400 and "shortest draft" in bad.json()["error"]["message"]
     assert post(server, "/completion", {"prompt": prompt, "speculative.n_max": "two"}).status_code == 400
+    # Through the chat app's client (tui/remote.py) the Python API's bounds reach the server as llama.cpp's.
+    from localspec.tui.remote import RemoteProvider
+
+    remote = RemoteProvider(server.socket).load("")
+
+    def chat_drafts(**bounds):
+        rounds = remote.chat([{"role": "user", "content": f"Repeat exactly: {prompt}"}], max_tokens=40,
+                             sampling=SamplingSettings(temperature=0.0), drafter="ngram", **bounds)
+        return [len(r.accepted) + len(r.rejected) for r in rounds if isinstance(r, Round)]
+
+    try:
+        free_drafts, capped_drafts = chat_drafts(), chat_drafts(draft_max=2)
+    finally:
+        remote.close()
+    assert max(free_drafts) > 2 and max(capped_drafts) == 2, (free_drafts, capped_drafts)
+
+
+def test_every_dialect_refuses_bad_settings_with_the_one_message(server):
+    """GenerationParams checks a request's settings once: each dialect answers a bad one with its message."""
+    from localspec.engine.params import GenerationParams
+    from localspec.errors import LocalspecError
+
+    def expected(**fields):
+        with pytest.raises(LocalspecError) as refused:
+            GenerationParams(**fields)
+        return str(refused.value)
+
+    name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
+    messages = [{"role": "user", "content": "Hi"}]
+    cases = [({"drafter": "nope"}, expected(drafter="nope")),
+             ({"stop": ["x"] * 65}, expected(stop=("x",) * 65)),
+             ({"speculative.n_max": 2, "speculative.n_min": 3}, expected(draft_max=2, draft_min=3))]
+    for fields, message in cases:
+        replies = [post(server, "/v1/chat/completions", {"messages": messages, **fields}),
+                   post(server, "/completion", {"prompt": "Hi", **fields}),
+                   post(server, "/localspec/v1/generate", {"messages": messages, **fields}),
+                   post(server, "/api/chat", {"model": name, "messages": messages, "stream": False,
+                                              "options": fields})]  # (Ollama's settings are its options)
+        for reply in replies:
+            assert reply.status_code == 400, (fields, reply.text)
+            error = reply.json().get("error")
+            assert (error["message"] if isinstance(error, dict) else error) == message, (fields, reply.text)
 
 
 # ----------------------------------------------------------------------------- native stream, metrics, socket

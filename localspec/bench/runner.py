@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from localspec.bench.peers import PEERS, LlamaPeer, PeerFailed, Run, seed_of, speculative_simple_peer
 from localspec.bench.suites import FIRST_REQUEST, Prompt, Session
-from localspec.engine.contract import DRAFTER_SETTINGS
+from localspec.engine.params import DRAFTER_SETTINGS
 
 DRAFTERS = tuple(d for d in DRAFTER_SETTINGS if d != "none")  # each compared with plain decoding
 

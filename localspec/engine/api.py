@@ -154,18 +154,21 @@ class Engine:
 
     def chat(self, messages: Sequence[Message], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> Iterator[Event]:
+             cancel: threading.Event | None = None, draft_max: int | None = None,
+             draft_min: int = 0) -> Iterator[Event]:
         return self.generate(self.chat_tokens(messages), max_tokens=max_tokens, sampling=sampling, drafter=drafter,
-                             draft_len=draft_len, stop=stop, cancel=cancel)
+                             draft_len=draft_len, stop=stop, cancel=cancel, draft_max=draft_max, draft_min=draft_min)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None) -> Iterator[Event]:
+                 cancel: threading.Event | None = None, draft_max: int | None = None,
+                 draft_min: int = 0) -> Iterator[Event]:
         """Prefill, then one Round per draft/verify step, then a Summary: the request added to the core,
-        and the core stepped (with whatever else this thread submitted) until it ends."""
+        and the core stepped (with whatever else this thread submitted) until it ends. No draft is
+        longer than `draft_max` (0: none at all) nor shorter than `draft_min`."""
         params = GenerationParams.one(sampling, max_tokens=max_tokens, stop=tuple(stop), drafter=drafter,
-                                      draft_len=draft_len)
+                                      draft_len=draft_len, draft_max=draft_max, draft_min=draft_min)
         [request] = self._requests(prompt, params, [0], [cancel or threading.Event()])
         return self._held(self.core.stream(request, self._planner))
 
@@ -236,11 +239,8 @@ class Engine:
         """The request's `sequences`, each checked before it takes the engine (request.check); each
         sequence's cancel its own of `cancels`."""
         tokens = self.target.vocab.tokenize(prompt, add_special=True) if isinstance(prompt, str) else prompt
-        return [check(self.target, self.drafters, tokens, max_tokens=params.max_tokens,
-                      sampling=params.samplings[seq], mode=params.drafter or self.options.drafter,
-                      draft_len=params.draft_len, default_len=self.options.draft_len, stop=params.stop,
-                      cancel=cancels[seq] if cancels is not None else threading.Event(),
-                      longest=params.draft_max, shortest=params.draft_min)
+        return [check(self.target, self.drafters, tokens, params, seq, self.options,
+                      cancels[seq] if cancels is not None else threading.Event())
                 for seq in sequences]
 
     @property

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.events import Event, Summary
 from localspec.engine.model import ImageInput
-from localspec.engine.params import GenerationParams
+from localspec.engine.params import DRAFTER_SETTINGS, GenerationParams, unknown_drafter
 from localspec.errors import LocalspecError
 
 Deliver = Callable[[Any], None]  # where a submitted request's events go (or the exception that ended it)
@@ -23,9 +23,6 @@ if TYPE_CHECKING:
     from localspec.engine.model import InfillTokenizer
     from localspec.engine.sampling import SamplingSettings
 
-# Every drafter setting, in the order front doors list them: "auto" lets the planner choose per round
-# among what the engine has, then each registered drafter, then plain decoding.
-DRAFTER_SETTINGS: tuple[str, ...] = ("auto", *(r.name for r in REGISTRY), "none")
 DRAFTER_HELP = {"auto": "the planner picks per round among what the engine has",
                 **{r.name: r.help for r in REGISTRY}, "none": "plain decoding"}
 
@@ -46,8 +43,8 @@ def unavailable_drafter(drafter: str, available: Sequence[str]) -> str | None:
     """Why `drafter` cannot be used with an engine offering `available` (None: it can)."""
     if drafter in available:
         return None
-    if drafter not in DRAFTER_SETTINGS:
-        return f"Unknown drafter '{drafter}'; choose one of {', '.join(DRAFTER_SETTINGS)}."
+    if problem := unknown_drafter(drafter):
+        return problem
     needs = next(r.needs for r in REGISTRY if r.name == drafter)
     return f"The drafter '{drafter}' {needs} (choose one of {', '.join(available)})."
 
@@ -81,9 +78,11 @@ class ChatEngine(Protocol):
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Prefill, one Round per draft/verify step, then a Summary. Raises LocalspecError for a request
-        the engine refuses (an unavailable drafter, a prompt longer than the context)."""
+             cancel: threading.Event | None = None, draft_max: int | None = None,
+             draft_min: int = 0) -> Iterator[Event]:
+        """Prefill, one Round per draft/verify step, then a Summary; no draft longer than `draft_max` (0:
+        none) nor shorter than `draft_min`. Raises LocalspecError for a request the engine refuses (the
+        settings' own messages: GenerationParams; an unavailable drafter, a prompt longer than the context)."""
         ...
 
     def maintain(self, interrupt: Callable[[], bool] = ...) -> str:
@@ -134,7 +133,8 @@ class ServedEngine(ChatEngine, Protocol):
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 512,
                  sampling: SamplingSettings | None = None, drafter: str | None = None,
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
-                 cancel: threading.Event | None = None) -> Iterator[Event]: ...
+                 cancel: threading.Event | None = None, draft_max: int | None = None,
+                 draft_min: int = 0) -> Iterator[Event]: ...
 
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
@@ -235,7 +235,7 @@ class OneRequestAtATime:
                 own.set()
             for event in self.generate(prompt, max_tokens=params.max_tokens, sampling=params.samplings[seq],
                                        drafter=params.drafter, draft_len=params.draft_len, stop=params.stop,
-                                       cancel=own):
+                                       cancel=own, draft_max=params.draft_max, draft_min=params.draft_min):
                 yield seq, event
                 if everyone.is_set():
                     own.set()

@@ -19,10 +19,10 @@ import numpy as np
 
 from localspec.engine.adaptive import CostModel, Promises, expected_tokens
 from localspec.engine.constraint import Constraint
-from localspec.engine.contract import DRAFTER_SETTINGS
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn, text_only
 from localspec.engine.events import TokenLogprob
 from localspec.engine.kv import KvSequence, extend_together
+from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.sampling import Sampler, accept_greedy, accept_replayed, accept_sampled, token_logprob
 from localspec.engine.tree import DraftTree, accept_greedy_tree, accept_sampled_tree
 

@@ -12,9 +12,10 @@ from fastapi.responses import StreamingResponse
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from localspec.engine.contract import DRAFTER_SETTINGS, ServedEngine
+from localspec.engine.contract import ServedEngine
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.params import GenerationParams
+from localspec.engine.request import check_length
 from localspec.engine.sampling import SamplingSettings
 from localspec.errors import ContextOverflowError, EngineUnavailableError, LocalspecError
 from localspec.server.scheduler import Job, Scheduler
@@ -42,11 +43,6 @@ def api_error(exc: Exception) -> ApiError:
         return ApiError(400, str(exc))
     return ApiError(500, str(exc), "server_error")
 
-
-# Stop strings are searched for after every token, each prefix of each one against the text's tail: a
-# client's list stays far below these (editors send a handful, of a few characters).
-MAX_STOPS = 64
-MAX_STOP_CHARS = 500
 
 
 class Loose(BaseModel):
@@ -212,29 +208,17 @@ class Served:
         trigger = None
         if tools and grammar is None:
             grammar, trigger = call_grammar(tools, several=parallel_calls), CALL_OPEN
-        if not tokens:
-            raise ApiError(400, "The prompt is empty.")
+        check_length(len(tokens), self.n_ctx)
         room = self.n_ctx - len(tokens)
-        if room <= 0:
-            raise ApiError(400, f"The prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
-                                "shorten it (or restart the server with a larger --ctx).",
-                           "exceed_context_size_error")
         if max_tokens is None or max_tokens < 0:
             max_tokens = room
         stops = [f.stop] if isinstance(f.stop, str) else list(f.stop or [])
-        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ApiError(400, f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters "
-                                f"(got {len(stops)}, the longest {max(map(len, stops))}).")
-        if f.drafter is not None and f.drafter not in DRAFTER_SETTINGS:
-            raise ApiError(400, f"drafter must be one of {', '.join(DRAFTER_SETTINGS)} (got '{f.drafter}').")
         seed = seed if seed is not None else f.seed
         samplings = tuple(self.sampling(f, default_temperature, None if seed is None else seed + i, grammar, trigger,
                                         logprobs) for i in range(n))
         longest = f.draft_num_predict if f.draft_num_predict is not None else f.speculative_n_max
-        shortest = f.speculative_n_min or 0
-        params = GenerationParams(max(1, min(max_tokens, room)), samplings, tuple(s for s in stops if s),
-                                  "none" if longest == 0 else f.drafter,
-                                  "default" if f.draft_len is None else f.draft_len, longest or None, shortest)
+        params = GenerationParams(max(1, min(max_tokens, room)), samplings, tuple(stops), f.drafter,
+                                  "default" if f.draft_len is None else f.draft_len, longest, f.speculative_n_min or 0)
         return Job(tokens, params, endpoint=endpoint, urgent=urgent)
 
     async def start(self, job: Job, request=None) -> tuple[Prefill, AsyncIterator]:

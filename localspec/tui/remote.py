@@ -70,11 +70,16 @@ class RemoteEngine:
 
     def chat(self, messages: Sequence[dict], *, max_tokens: int = 512, sampling: SamplingSettings | None = None,
              drafter: str | None = None, draft_len: int | None | str = "default", stop: Sequence[str] = (),
-             cancel: threading.Event | None = None) -> Iterator[Event]:
+             cancel: threading.Event | None = None, draft_max: int | None = None,
+             draft_min: int = 0) -> Iterator[Event]:
         body: dict = {"messages": [_sent(m) for m in messages], "max_tokens": max_tokens, "drafter": drafter,
                       "stop": list(stop)}
         if draft_len != "default":
             body["draft_len"] = draft_len
+        if draft_max is not None:  # llama.cpp's names for the bounds (docs/serve.md)
+            body["speculative.n_max"] = draft_max
+        if draft_min:
+            body["speculative.n_min"] = draft_min
         if sampling is not None:
             body |= {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty, "seed": sampling.seed,
