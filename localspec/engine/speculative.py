@@ -10,10 +10,9 @@ one KV truncation; the target's own token becomes the next pending token.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -57,21 +56,11 @@ class Step:
         return "bonus" if self.accepted == len(self.draft.tokens) else "correction"
 
 
-def speculate(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
-              cancel: threading.Event, constraint: Constraint | None = None) -> Generator[Step, None, None]:
-    """Yield one Step per round until cancelled or the context is full; `context` grows in place.
-    With a `constraint` every token follows its grammar (engine/constraint.py), and it advances by the
-    tokens each round keeps."""
-    while not cancel.is_set():
-        step = speculative_round(target, context, planner, sampler, constraint)
-        if step is None:
-            return
-        yield step
-
-
 def speculative_round(target: KvSequence, context: list[int], planner: "Planner", sampler: Sampler,
                       constraint: Constraint | None = None) -> Step | None:
-    """One round of `speculate` (the same invariant before and after); None when the context is full."""
+    """One draft/verify round of one sequence: `context` (its tokens, the pending one last) grows in place
+    by what the round keeps, and the same invariant holds after; None when the context is full. With a
+    `constraint` every token follows its grammar (engine/constraint.py), advanced by the kept tokens."""
     room = target.draft_room()  # draft tokens the round may verify after the pending one
     if room < 0:
         return None
