@@ -97,6 +97,24 @@ async def test_the_stats_panel_says_whether_the_answer_is_decoded_with_other_req
     assert ("decoded  with 2 other requests" if shared else "decoded  alone") in shown
 
 
+async def test_the_stats_panel_says_what_each_drafter_proposed_and_the_target_kept():
+    """The panel's `kept` row, live and for an answer opened from the history: kept/drafted by drafter."""
+    app = make_app(ScriptedProvider(ScriptedEngine()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.engine is not None)
+        await send(pilot, "write add")
+        await until(pilot, lambda: not app.generating)
+        await pilot.pause(0.2)
+        live = app.stats.query_one("#stats-numbers").content.plain
+        summary = app.history.messages(app.conversation.id)[-1].summary
+        app.stats.show_stored(summary)
+        await pilot.pause()
+        stored = app.stats.query_one("#stats-numbers").content.plain
+    # (the scripted answer: 10 tokens drafted by the draft model, 7 of them kept)
+    assert (summary.drafted_by_drafter, summary.accepted_by_drafter) == ({"model": 10}, {"model": 7})
+    assert "kept     model 7/10" in live and "kept     model 7/10" in stored
+
+
 async def test_the_log_follows_a_long_answer_until_the_user_scrolls_up():
     steps = [(f"line {i} ", "", "of the answer\n") for i in range(80)]
     app = make_app(ScriptedProvider(ScriptedEngine(steps=steps, delay=0.03)))

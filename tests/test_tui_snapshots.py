@@ -23,7 +23,8 @@ STATS = {
     "generated_tokens": 42, "tokens_per_s": 23.1, "baseline_tokens_per_s": 14.2, "speedup": 1.63,
     "acceptance_rate": 0.79, "drafted": 38, "accepted": 30, "mean_accepted_per_round": 3.3, "rounds": 12,
     "acceptance_by_position": [0.95, 0.9, 0.8, 0.6], "drafted_by_position": [12, 10, 9, 7],
-    "kept_by_position": [11, 9, 7, 4],
+    "kept_by_position": [11, 9, 7, 4], "rounds_by_drafter": {"model": 7, "ngram": 3, "none": 2},
+    "drafted_by_drafter": {"model": 26, "ngram": 12}, "accepted_by_drafter": {"model": 19, "ngram": 11},
     "stop_reason": "eog", "drafter": "auto", "one_line": "42 tokens",
 }
 

@@ -18,7 +18,7 @@ from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.events import Summary
 from localspec.errors import LocalspecError
 from localspec.tui import spans as sp
-from localspec.tui.widgets import position_bars
+from localspec.tui.widgets import kept_by_drafter, position_bars
 from localspec.units import human_bytes
 
 KEYS = [
@@ -323,6 +323,7 @@ class DetailsScreen(ModalScreen[None]):
                     ("drafted", f"{s.drafted} tokens, {s.accepted} accepted "
                                 f"({s.acceptance_rate:.0%}), {s.mean_accepted_per_round:.2f} per round"),
                     ("rounds", f"{s.rounds}: " + ", ".join(f"{k} {v}" for k, v in s.rounds_by_drafter.items())),
+                    ("kept/drafted", kept_by_drafter(s.drafted_by_drafter, s.accepted_by_drafter)),
                     *([("trees", f"{s.tree_rounds} rounds verified a second candidate beside the draft's tokens; "
                                  f"the target kept one in {s.seconds_kept}")] if s.tree_rounds else []),
                     ("time", f"draft {s.draft_s:.2f}s, verify {s.verify_s:.2f}s"),

@@ -427,6 +427,7 @@ class StatsPanel(Vertical):
         t.drafting_rounds = round(t.accepted / mean) if mean else 0
         t.tried_at = list(summary.drafted_by_position)
         t.kept_at = list(summary.kept_by_position)
+        t.drafted_by, t.accepted_by = dict(summary.drafted_by_drafter), dict(summary.accepted_by_drafter)
         self.tokens_per_s = summary.tokens_per_s
         self.first_token_s = summary.first_token_s
         self.baseline = summary.baseline_tokens_per_s or self.baseline
@@ -450,6 +451,7 @@ class StatsPanel(Vertical):
             (("accepted ", "dim"), f"{rate:6.0%} of {t.drafted}"),
             (("per round", "dim"), f"{per_round:6.2f} tokens"),
             (("drafter  ", "dim"), f"{self.last_drafter} · {self.last_draft} drafted"),
+            (("kept     ", "dim"), kept_by_drafter(t.drafted_by, t.accepted_by)),
             (("decoded  ", "dim"), f"with {self.shared} other request{'s' if self.shared > 1 else ''}"
                                    if self.shared else "alone"),
             (("setting  ", "dim"), self.drafter_label or "—"),
@@ -470,6 +472,12 @@ def position_lines(kept: list[int], tried: list[int], width: int = 12, rows: int
         full = round(rate * width)
         lines.append((f"{i:>2} ", ("█" * full, "$text-success"), ("░" * (width - full), "dim"), f" {rate:4.0%}"))
     return lines
+
+
+def kept_by_drafter(drafted: dict[str, int], kept: dict[str, int]) -> str:
+    """What each drafter proposed and the target kept, the busiest first: 'model 40/52 · ngram 20/20'."""
+    shares = sorted(drafted.items(), key=lambda item: -item[1])
+    return " · ".join(f"{name} {kept.get(name, 0)}/{n}" for name, n in shares) or "—"
 
 
 def position_bars(kept: list[int], tried: list[int]) -> Content:
