@@ -27,11 +27,10 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_flags
+from common import cpu_flags, scratch_home
 
 PROMPT = ("Write a Python module for a small library system: classes for books, members and loans, "
           "with methods to lend, return and list overdue books, docstrings, and a short usage example.")
@@ -40,20 +39,8 @@ SESSION = "localspec-chat-rate"
 
 
 def own_home(max_tokens: int, draws: str = "smooth") -> Path:
-    """A LOCALSPEC_HOME with the current one's pulled models (linked) and calibrations (copied)."""
-    from localspec import paths
-
-    home = Path(tempfile.mkdtemp(prefix="chat-rate-"))
-    for folder in ("data", "cache", "config"):
-        (home / folder).mkdir()
-    models = home / "data" / "models"
-    if paths.models_dir().exists():
-        models.symlink_to(paths.models_dir())
-    if paths.registry_file().exists():  # what was pulled, its paths moved to the linked folder
-        text = paths.registry_file().read_text().replace(str(paths.models_dir()), str(models))
-        (home / "data" / paths.registry_file().name).write_text(text)
-    if paths.calibration_file().exists():
-        shutil.copy(paths.calibration_file(), home / "cache" / paths.calibration_file().name)
+    """A home of its own (common.scratch_home) whose chat settings ask greedy answers of `max_tokens`."""
+    home = scratch_home()
     (home / "config" / "settings.yaml").write_text(
         f"chat: {{temperature: 0.0, max_tokens: {max_tokens}, drafter: auto}}\nhistory_drafts: false\n"
         f"chat_draws: {draws}\n")

@@ -46,9 +46,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(entry: str, slots: int, port: int, extra: list[str] | None = None) -> subprocess.Popen:
-    """`localspec serve` on loopback (no history drafts: nothing drafts from another run's answers)."""
+# More chat questions, for runs that must not ask one twice (with the history drafter on, a repeat would
+# replay the first answer).
+MORE_QUESTIONS = [
+    "Explain the difference between a process and a thread.",
+    "How do TCP's congestion control algorithms react to packet loss?",
+    "What is dependency injection, and when is it worth the indirection?",
+    "Describe how a CPU cache hierarchy affects the speed of a loop over an array.",
+    "How does HTTPS establish a shared key between a browser and a server?",
+    "What is the difference between optimistic and pessimistic locking in a database?",
+    "Explain how Python's asyncio event loop schedules coroutines.",
+    "What makes a good unit test, and what makes a brittle one?",
+    "How does a bloom filter answer membership queries, and what can go wrong?",
+    "Describe the trade-offs of microservices against a single deployable application.",
+    "How does DNS resolve a domain name, from the stub resolver to the authoritative server?",
+    "What is a memory leak in a garbage-collected language, and how do you find one?",
+    "Explain eventual consistency with an example from a replicated key-value store.",
+    "How do you choose between a list and a set in Python for a lookup-heavy task?",
+    "What does a load balancer do when one of its backends becomes slow?",
+    "Explain how a regular expression engine can take exponential time, and how to avoid it.",
+    "What is the purpose of a write-ahead log in a database?",
+    "How does Unicode normalisation affect comparing two strings?",
+    "Describe how virtual memory lets two processes use the same addresses.",
+    "What are the benefits and costs of static typing in a large codebase?",
+    "How do you design an API so that old clients keep working after a change?",
+    "Explain how a consistent hashing ring spreads keys across servers.",
+    "What is backpressure in a streaming system, and why does it matter?",
+    "How does a compiler decide to inline a function?",
+]
+
+
+def scratch_home() -> Path:
+    """A LOCALSPEC_HOME of its own, with the current one's pulled models (linked) and calibrations
+    (copied): a run's history and settings touch nothing of yours, and no earlier run's answers are
+    drafted from."""
+    from localspec import paths
+
+    home = Path(tempfile.mkdtemp(prefix="localspec-bench-"))
+    for folder in ("data", "cache", "config"):
+        (home / folder).mkdir()
+    models = home / "data" / "models"
+    if paths.models_dir().exists():
+        models.symlink_to(paths.models_dir())
+    if paths.registry_file().exists():  # what was pulled, its paths moved to the linked folder
+        text = paths.registry_file().read_text().replace(str(paths.models_dir()), str(models))
+        (home / "data" / paths.registry_file().name).write_text(text)
+    if paths.calibration_file().exists():
+        shutil.copy(paths.calibration_file(), home / "cache" / paths.calibration_file().name)
+    return home
+
+
+def start_server(entry: str, slots: int, port: int, extra: list[str] | None = None, *,
+                 defaults: bool = False) -> subprocess.Popen:
+    """`localspec serve` on loopback, 4096 tokens a slot and no history drafts (nothing drafts from
+    another run's answers); `defaults`: as a user starts it (its own slots, context and history drafts),
+    in a home of its own (scratch_home: the history starts empty)."""
     exe = Path(sys.executable).parent / "localspec"
+    if defaults:
+        home = scratch_home()
+        proc = started([str(exe), "serve", entry, "--port", str(port), "--no-socket", *(extra or [])], port,
+                       {**os.environ, "LOCALSPEC_HOME": str(home)})
+        proc.home = home  # type: ignore[attr-defined]  # removed by stop()
+        return proc
     return started([str(exe), "serve", entry, "--port", str(port), "--no-socket", "--slots", str(slots),
                     "--ctx", str(4096 * slots), "--no-history-drafts", *(extra or [])], port)
 
@@ -73,11 +132,11 @@ def start_llama_server(entry: str, slots: int, port: int, extra: list[str] | Non
                    port)
 
 
-def started(cmd: list[str], port: int) -> subprocess.Popen:
+def started(cmd: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
     """`cmd` started and answering /health on `port` (its stderr kept in a file: a pipe nobody reads fills
     up, llama-server logs every request, and the server then blocks writing to it)."""
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     proc.log = log  # type: ignore[attr-defined]  # read back by server_log()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -103,6 +162,8 @@ def server_log(proc: subprocess.Popen) -> str:
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     proc.wait(30)
+    if hasattr(proc, "home"):  # (a home of its own: start_server(defaults=True))
+        shutil.rmtree(proc.home, ignore_errors=True)
 
 
 def chat(url: str, question: str, tokens: int, out: dict, t0: float) -> None:

@@ -7,6 +7,7 @@ the time after the first, the same way for both. Prints the median per-pair rati
 interval of that median (a 1% difference needs 30+ pairs on a small machine).
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/wire_rate.py --pairs 40 [--json out.json]
+    LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults --pairs 30
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, start_llama_server, \
+from common import MORE_QUESTIONS, QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, start_llama_server, \
     start_server, stop
 
 
@@ -36,19 +37,25 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--drafter", default="none", help="localspec's drafter (default none: the path alone)")
+    ap.add_argument("--serve-defaults", action="store_true",
+                    help="localspec serve as a user starts it (4 slots sharing 16k, history drafts on, its history "
+                         "empty at the start) rather than 1 slot of 4096 without history; no question is asked twice")
+    ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. --no-repack)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if llama_server() is None:  # (checked before localspec's server starts)
         raise SystemExit("llama-server is not on PATH and LLAMA_SERVER does not name it")
     ours_port, theirs_port = free_port(), free_port()
-    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter])
-    theirs = start_llama_server(args.model, 1, theirs_port)
+    questions = QUESTIONS + MORE_QUESTIONS if args.serve_defaults else QUESTIONS
+    if args.serve_defaults and args.pairs + 1 > len(questions):
+        raise SystemExit(f"--serve-defaults asks each question once: at most {len(questions) - 1} pairs")
+    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
+    theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
     urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
-    questions = QUESTIONS
     rows = []
     try:
         for name in urls:  # a first answer each, not counted (loads, first-use allocations)
-            rate(urls[name], questions[0], 16)
+            rate(urls[name], questions[-1], 16)
         for i in range(args.pairs):
             order = list(urls) if i % 2 == 0 else list(urls)[::-1]
             question = questions[i % len(questions)]
@@ -62,7 +69,8 @@ def main() -> None:
     lo, hi = median_interval(ratios)
     ours_rate = statistics.median(r["localspec"] for r in rows)
     theirs_rate = statistics.median(r["llama-server"] for r in rows)
-    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter}: median ratio "
+    setup = "serve's defaults" if args.serve_defaults else "1 slot, no history"
+    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter} ({setup}): median ratio "
           f"{statistics.median(ratios):.3f} (90% interval of the median {lo:.3f}-{hi:.3f}; per pair "
           f"{min(ratios):.2f}-{max(ratios):.2f}); median tok/s {ours_rate:.2f} vs {theirs_rate:.2f}")
     for first in urls:
