@@ -44,7 +44,6 @@ def api_error(exc: Exception) -> ApiError:
     return ApiError(500, str(exc), "server_error")
 
 
-
 class Loose(BaseModel):
     """Requests carry many fields we do not use (llama.cpp's `samplers`, `cache_prompt`, …): accept them."""
 
