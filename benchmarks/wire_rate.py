@@ -49,11 +49,12 @@ def main() -> None:
     questions = QUESTIONS + MORE_QUESTIONS if args.serve_defaults else QUESTIONS
     if args.serve_defaults and args.pairs + 1 > len(questions):
         raise SystemExit(f"--serve-defaults asks each question once: at most {len(questions) - 1} pairs")
-    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
-    theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
     urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
     rows = []
+    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
+    theirs = None
     try:
+        theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
         for name in urls:  # a first answer each, not counted (loads, first-use allocations)
             rate(urls[name], questions[-1], 16)
         for i in range(args.pairs):
@@ -62,9 +63,10 @@ def main() -> None:
             got = {name: rate(urls[name], question, args.tokens) for name in order}
             rows.append({"pair": i, "first": order[0], **got, "ratio": got["localspec"] / got["llama-server"]})
             print(json.dumps(rows[-1]), flush=True)
-    finally:
+    finally:  # (ours too where llama-server failed to start)
         for proc in (ours, theirs):
-            stop(proc)
+            if proc is not None:
+                stop(proc)
     ratios = [r["ratio"] for r in rows]
     lo, hi = median_interval(ratios)
     ours_rate = statistics.median(r["localspec"] for r in rows)
