@@ -22,8 +22,8 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.config import ChatSettings
 from localspec.engine.contract import unavailable_drafter
-from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.events import Summary
+from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.session import MAX_IMAGE_BYTES
 from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.screens import AttachScreen, ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen

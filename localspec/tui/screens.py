@@ -14,8 +14,8 @@ from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Selec
 from textual.widgets.option_list import Option
 
 from localspec.config import ChatSettings
-from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.events import Summary
+from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.errors import LocalspecError
 from localspec.tui import spans as sp
 from localspec.tui.widgets import kept_by_drafter, position_bars
