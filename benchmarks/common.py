@@ -166,10 +166,11 @@ def stop(proc: subprocess.Popen) -> None:
         shutil.rmtree(proc.home, ignore_errors=True)
 
 
-def chat(url: str, question: str, tokens: int, out: dict, t0: float) -> None:
-    """One streamed, greedy OpenAI chat; `out` gets its first-token and end times (from `t0`) and tokens."""
+def chat(url: str, question: str, tokens: int, out: dict, t0: float, extra: dict | None = None) -> None:
+    """One streamed, greedy OpenAI chat (`extra`: more body fields); `out` gets its first-token and end
+    times (from `t0`), tokens, and from localspec the draft tokens each drafter made and kept."""
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     first = None
     generated = 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
@@ -181,14 +182,17 @@ def chat(url: str, question: str, tokens: int, out: dict, t0: float) -> None:
                 first = time.perf_counter() - t0
             if data.get("usage"):
                 generated = data["usage"]["completion_tokens"]
+            if data.get("localspec"):
+                out["by_drafter"] = data["localspec"].get("by_drafter", {})
     out.update(first_token_s=first, done_s=time.perf_counter() - t0, tokens=generated)
 
 
-def at_once(url: str, questions: list[str], tokens: int) -> list[dict]:
-    """Every question asked at the same moment, one client thread each."""
+def at_once(url: str, questions: list[str], tokens: int, extra: dict | None = None) -> list[dict]:
+    """Every question asked at the same moment, one client thread each (`extra`: more body fields)."""
     results: list[dict] = [{} for _ in questions]
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=chat, args=(url, q, tokens, results[i], t0)) for i, q in enumerate(questions)]
+    threads = [threading.Thread(target=chat, args=(url, q, tokens, results[i], t0, extra))
+               for i, q in enumerate(questions)]
     for t in threads:
         t.start()
     for t in threads:

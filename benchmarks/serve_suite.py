@@ -15,6 +15,7 @@ over minutes) and their order reversed on every other trial:
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/serve_suite.py --trials 3 --json out.json
     .venv/bin/python benchmarks/serve_suite.py --scenarios editor+chat --trials 3
+    .venv/bin/python benchmarks/serve_suite.py --scenarios chats --drafter model --peer-args "-md DRAFT.gguf"
 
 Prints a table per scenario (medians over trials, localspec / llama-server) and the bars the serving
 issue set: completions while a chat streams p50 <= 2 s, p90 <= 4 s with the chat at >= 60% of its solo
@@ -50,12 +51,12 @@ FUNCTIONS = ["parse_header", "merge_intervals", "flatten", "retry", "slugify", "
 class Server:
     """One fresh server for one scenario, stopped when the scenario ends."""
 
-    def __init__(self, kind: str, entry: str, slots: int):
-        self.kind, self.entry, self.slots = kind, entry, slots
+    def __init__(self, kind: str, entry: str, slots: int, peer_args: list[str] | None = None):
+        self.kind, self.entry, self.slots, self.peer_args = kind, entry, slots, peer_args
 
     def __enter__(self) -> str:
         port = free_port()
-        self.proc = (start_llama_server(self.entry, self.slots, port) if self.kind == "llama-server"
+        self.proc = (start_llama_server(self.entry, self.slots, port, self.peer_args) if self.kind == "llama-server"
                      else start_server(self.entry, self.slots, port))
         return f"http://127.0.0.1:{port}"
 
@@ -63,16 +64,17 @@ class Server:
         stop(self.proc)
 
 
-def chats(url: str, trial: int, tokens: int) -> dict:
+def chats(url: str, trial: int, tokens: int, extra: dict | None = None) -> dict:
     at_once(url, ["Say hello."], 8)  # warm-up: first-request costs out of the way
     out, used = {}, 0
     for clients in CLIENTS:
         asked = [QUESTIONS[(trial + used + i) % len(QUESTIONS)] for i in range(clients)]
         used += clients
-        many = at_once(url, asked, tokens)
+        many = at_once(url, asked, tokens, extra)
         wall = max(r["done_s"] for r in many)
         out[clients] = {"aggregate_tokens_per_s": sum(r["tokens"] for r in many) / wall,
-                        "first_tokens_s": [r["first_token_s"] for r in many]}
+                        "first_tokens_s": [r["first_token_s"] for r in many],
+                        "by_drafter": [r.get("by_drafter") for r in many]}
     return out
 
 
@@ -131,11 +133,11 @@ def run_one(kind: str, scenario: str, trial: int, args) -> dict | None:
     """One scenario on a fresh server; tried once more on a fresh server if it failed (printed)."""
     for attempt in range(2):
         try:
-            with Server(kind, args.entry, args.slots) as url:
+            with Server(kind, args.entry, args.slots, args.peer_args.split()) as url:
                 if scenario == "n_cmpl":
                     result = n_cmpl(url)
                 elif scenario == "chats":
-                    result = chats(url, trial, args.tokens)
+                    result = chats(url, trial, args.tokens, {"drafter": args.drafter} if args.drafter else None)
                 else:
                     result = editor(url, args.chat_tokens if scenario == "editor+chat" else 0)
             break
@@ -226,6 +228,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128, help="each chat client's answer")
     ap.add_argument("--chat-tokens", type=int, default=256, help="each answer of the chat beside the editor")
+    ap.add_argument("--drafter", help="the drafter every chat asks localspec for (e.g. model); default: the server's")
+    ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. -md DRAFT.gguf --no-repack)")
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

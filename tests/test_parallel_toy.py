@@ -15,7 +15,7 @@ from localspec.engine.params import GenerationParams
 from localspec.engine.sampling import SamplingSettings
 from localspec.engine.parallel import LEAST_CHUNK, STEP_S, prompt_chunk
 from localspec.errors import LocalspecError
-from toy import ToyModel, step_until_done, submit_one
+from toy import ToyHead, ToyModel, step_until_done, submit_one
 
 COST = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
 PROMPT = [0, 5, 9, 11, 13, 5, 9]
@@ -607,3 +607,51 @@ def test_forced_draft_lengths_in_a_shared_step_stay_within_one_decodes_logits():
         pass
     assert [answer_tokens(a) for a in answers] == [truths[p[1]] for p in prompts]
     assert any(sum(n for _seq, _start, n in step) > 64 - 4 for step in target.steps if len(step) == 4)
+
+
+def test_requests_decoded_together_each_draft_with_the_draft_model_one_decode_per_drafted_token():
+    """Two requests at once, each asking for the draft model: the shared steps verify both sequences'
+    model drafts, made together (each draft-model decode after the catch-up holds both sequences, one
+    token each), both answers keep drafted tokens, and each answer is its solo answer (greedy). The
+    draft model's sequences are apart: each request drafts in its own."""
+    target = ToyModel(seed=3, n_seq=2)
+    draft = ToyModel(seed=3, noise_seed=103, noise=1.5, n_seq=2)
+    engine = Engine(target, draft, EngineOptions(drafter="auto", learn_costs=False), cost=CostModel(dict(COST)),
+                    draft_cost_s=0.01)
+    answers: list[list] = [[], []]
+    lanes = [submit_one(engine, prompt, answer.append, max_tokens=40, drafter="model")
+             for prompt, answer in zip((PROMPT, CHAT), answers)]
+    while engine.step():
+        pass
+    for prompt, answer in zip((PROMPT, CHAT), answers):
+        summary = answer[-1]
+        assert isinstance(summary, Summary) and summary.generated_tokens == 40
+        assert summary.drafted_by_drafter.get("model", 0) > 0 and summary.accepted_by_drafter.get("model", 0) > 0
+        assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
+    both = {lane.kv.seq for lane in lanes}
+    verified_together = [step for step in target.steps if {seq for seq, _s, _n in step} == both
+                         and all(n > 1 for _seq, _s, n in step)]
+    drafted_together = [step for step in draft.steps if len(step) == 2 and all(n == 1 for _seq, _s, n in step)]
+    assert verified_together and drafted_together
+    assert all(len({seq for seq, _s, _n in step}) == len(step) for step in draft.steps)
+
+
+def test_requests_decoded_together_each_draft_with_the_targets_head():
+    """Two requests at once on a target with a multi-token-prediction head, each asking for it: the
+    head follows both sequences through the shared decodes, so the shared steps verify both
+    sequences' head drafts; both answers keep drafted tokens and each is its solo answer (greedy)."""
+    target = ToyModel(seed=3, n_seq=2)
+    target.mtp = ToyHead(target, ToyModel(seed=3, noise_seed=11, noise=1.5))
+    engine = Engine(target, None, EngineOptions(drafter="mtp", learn_costs=False, history_drafts=False),
+                    cost=CostModel(dict(COST)), draft_cost_s=0.01)
+    answers: list[list] = [[], []]
+    lanes = [submit_one(engine, prompt, answer.append, max_tokens=40) for prompt, answer in zip((PROMPT, CHAT), answers)]
+    while engine.step():
+        pass
+    for prompt, answer in zip((PROMPT, CHAT), answers):
+        summary = answer[-1]
+        assert isinstance(summary, Summary) and summary.generated_tokens == 40
+        assert summary.drafted_by_drafter.get("mtp", 0) > 0 and summary.accepted_by_drafter.get("mtp", 0) > 0
+        assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
+    both = {lane.kv.seq for lane in lanes}
+    assert any({seq for seq, _s, _n in step} == both and all(n > 1 for _seq, _s, n in step) for step in target.steps)

@@ -71,7 +71,7 @@ SHARED_MARGIN = 0.3
 
 def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: Sequence[int] = (),
                    room: int = 1 << 30, margin: float = SHARED_MARGIN, trust: float = 1.0,
-                   queued: bool = False) -> list[int]:
+                   queued: bool = False, drafting_s: Callable[[Sequence[int]], float] = lambda ks: 0.0) -> list[int]:
     """How many tokens of each sequence's proposal one shared decode verifies, beside one pending token
     each and the prompts' `chunks`: drafts of one length share a pass (`step_cost`), so the step
     chooses one length L for every proposal (each capped by its own length), the one that saves the
@@ -81,14 +81,14 @@ def shared_lengths(cost: CostModel, chances: Sequence[Sequence[float]], chunks: 
     a step's worth: the other sequences decode as many steps whatever it drafts. `chances`: each
     sequence's proposal (empty: nothing to draft); the draft tokens they promise count `trust` each
     (`Promises.trust`). At most `room` draft tokens in all; `queued`: requests wait for a slot
-    (`steps_saved_s`)."""
+    (`steps_saved_s`). `drafting_s`: the seconds drafting these lengths takes (nothing for lookups)."""
     plain_s = step_cost(cost, [1] * len(chances) + list(chunks))
 
     def saving(ks: list[int]) -> float:
         if sum(ks) > room:
             return -math.inf
         ahead = [trust * (expected_tokens(list(c[:k])) - 1) for c, k in zip(chances, ks)]
-        added_s = step_cost(cost, [1 + k for k in ks] + list(chunks)) - plain_s
+        added_s = step_cost(cost, [1 + k for k in ks] + list(chunks)) - plain_s + drafting_s(ks)
         return steps_saved_s(cost, ahead, queued) - (1 + margin) * added_s
 
     plain = [0] * len(chances)

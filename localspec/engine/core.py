@@ -6,12 +6,13 @@ in chunks within the following steps (a lane that `follows` another, a completio
 copies that one's cache instead). `step` advances the lanes it is given (all, unless the caller's
 policy names some) and hands each its events through its `deliver`; `abort` cancels one, which ends at
 the next step that takes it; `drop` lets go of every lane after a failure no lane can survive. Every
-step decodes the target once, in `kv.extend_together`, and is one of two shapes, by what it holds:
-- one lane alone, its prompt in, with a planner: a speculative round on its own sequence (the
-  request's planner, the draft model included), timed as a plain round where it drafted nothing, so
-  the speedup shown measures plain decoding on the same loop;
-- anything else: one evaluation holding every lane's pending token with its lookup draft, and chunks
-  of the prompts still being evaluated (`parallel.advance`), each lane's round settled as alone.
+step is `parallel.advance` over the lanes it takes, and decodes the target once (`kv.extend_together`,
+or `kv.verify_tree` for a lone lane's candidate tree): every lane's pending token with the draft its
+planner chose (a lone lane's priced as a round alone, the draft model included; several lanes' priced
+for the step, the draft model drafting for all of them at once), and chunks of the prompts still being
+evaluated; each lane settles its own rows (a shared decode llama.cpp refuses is retried lane by lane,
+and a recurrent state that cannot go back replays what it keeps). A lone lane's round is timed as a plain round where it
+drafted nothing, so the speedup shown measures plain decoding on the same loop.
 So a request decodes the same way whoever else is running: alone it is the one-lane case of the loop
 that shares steps, not a second loop. A lane a step leaves out waits: that time is not its answer's
 (`Request.waited_s`). Which lanes a step takes is policy (`Engine.generate`: every lane; the server's
@@ -34,7 +35,7 @@ from localspec.engine.parallel import Lane, advance, prompt_chunk
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Planner, Step, speculative_round
+from localspec.engine.speculative import Planner, Step
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import LocalspecError
 
@@ -209,10 +210,7 @@ class Core:
         for lane in lanes:
             if lane.follows is not None:  # (waiting for the prompt it copies)
                 lane.ended = lane.stops_before_step()
-        if len(own) == 1 and own[0].prefill is not None and own[0].planner is not None:
-            rounds = self._alone(own[0])
-        else:
-            rounds = advance(own, lambda rows: prompt_chunk(rows, self.cost.verify, self.target.n_batch))
+        rounds = advance(own, lambda rows: prompt_chunk(rows, self.cost.verify, self.target.n_batch), self._learn)
         for lane, event in rounds:
             if isinstance(event, Prefill):
                 self._prompt_in(lane, event)
@@ -225,22 +223,6 @@ class Core:
         for lane in self.lanes:
             if not any(lane is taken for taken in lanes):
                 lane.request.waited_s += waited
-
-    def _alone(self, lane: Lane) -> list[tuple[Lane, Event]]:
-        lane.ended = lane.stops_before_step()
-        if lane.ended is not None:
-            return []
-        t0 = time.perf_counter()
-        assert lane.planner is not None
-        step = speculative_round(lane.kv, lane.context, lane.planner, lane.sampler, lane.request.constraint)
-        if step is not None:
-            self._learn(step, len(lane.context) - step.accepted - 1)
-        if step is None:
-            lane.ended = "context"
-            return []
-        event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, time.perf_counter() - t0,
-                                            priced=bool(step.draft.tokens))
-        return [(lane, event)]
 
     @staticmethod
     def _send(lane: Lane, event: Event | Exception) -> None:

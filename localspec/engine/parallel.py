@@ -14,34 +14,39 @@ evaluation. A prompt's last token is evaluated as its first step's pending token
 round evaluates it).
 
 A lane with a planner (not the completions of one prompt, which draw as single requests with their
-seeds would) drafts in the shared steps too: each offers its lookups' best proposal (a copy, the
-history, what its grammar forces; the draft model has a sequence per request but drafts only when its
-request decodes alone), and the step verifies one length of all of them (`adaptive.shared_lengths`):
+seeds would) drafts in the shared steps too: each offers its best proposal (a copy, the history, what
+its grammar forces) or the draft model's promise (it has a sequence per request, and drafts for every
+lane that chose it at once: one catch-up decode, then one decode per draft token holding every chain,
+`Drafter.draft_many`), and the step verifies one length of all of them (`adaptive.shared_lengths`):
 with a KV cache per sequence llama.cpp takes as many tokens from every sequence in a micro-batch, so
-drafts of one length share a pass and a longer one adds its own (`adaptive.step_cost`). A draft is worth the later steps it saves (`adaptive.steps_saved_s`):
+drafts of one length share a pass and a longer one adds its own (`adaptive.step_cost`), and the draft
+model's decodes add theirs. A draft is worth the later steps it saves (`adaptive.steps_saved_s`):
 the others decode as many steps whatever one sequence drafts, so one sequence's draft pays only for
 what its pending token adds to a step, while drafts in every sequence save whole steps; the chances
-promised count for what shared drafts kept (`Promises.trust`). A lane left alone drafts as alone again
-(the core's one-lane step: speculative rounds on its own sequence, the draft model included).
+promised count for what shared drafts kept (`Promises.trust`). A lane with the step to itself is the
+one-lane case of the same step: it drafts as its planner chooses for a round alone (any drafter, a
+candidate tree, a probe) and its round is verified in a decode of its own (`speculative.verify`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from localspec.engine.answer import Answer
 from localspec.engine.adaptive import expected_tokens, shared_lengths
-from localspec.engine.drafters import Draft
+from localspec.engine.drafters import Draft, Drafter, Turn
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import EXACT_VERIFY_POSITIONS, Planner, Proposal, Step, proposal_of, settle
+from localspec.engine.speculative import (Planner, Proposal, SharedOffer, Step, draft_room, propose, proposal_of, settle,
+                                         verify)
 from localspec.errors import LocalspecError
 
 
@@ -144,13 +149,18 @@ class Lane:
 
 
 def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
-                  proposals: dict[int, Proposal] | None = None) -> tuple[list[Step | None], float, list[int]]:
+                  proposals: dict[int, Proposal] | None = None,
+                  alone: bool = False) -> tuple[list[Step | None], list[int]]:
     """One evaluation holding every lane's pending token and its draft, if `proposals` (by position in
     `lanes`) has one, or, for the lanes in `chunks`, that many more tokens of its prompt (never its
     last). Each lane that evaluated its pending token gets its round settled as alone
     (`speculative.settle`: the same accept rules, sampler, seed and grammar); a prompt's chunk gets None.
-    Returns the steps, the evaluation's seconds and the tokens each lane had in it."""
+    `alone`: one lane with a planner and nothing else, verified as a sequence's own round
+    (`speculative.verify`: its candidate tree where it has one, the batch padded to the shape held, the
+    round's cost learnt). Returns the steps and the tokens each lane had in it."""
     chunks, proposals = chunks or {}, proposals or {}
+    if alone:
+        return [_own_round(lanes[0], proposals[0])], [1]
     parts = []
     for i, lane in enumerate(lanes):
         if i in chunks:
@@ -177,7 +187,20 @@ def step_together(lanes: list[Lane], chunks: dict[int, int] | None = None,
     finally:
         for proposal in proposals.values():
             proposal.close()
-    return steps, seconds, [len(tokens) for _kv, tokens, _outputs in parts]
+    return steps, [len(tokens) for _kv, tokens, _outputs in parts]
+
+
+def _own_round(lane: Lane, proposal: Proposal) -> Step | None:
+    """A lane's round in a decode of its own; its failure is its own (`Lane.failure`), as in a shared step."""
+    assert lane.planner is not None
+    try:
+        return verify(lane.kv, lane.context, proposal, lane.planner, lane.sampler, lane.request.constraint,
+                      draft_room(lane.kv, lane.sampler))
+    except (LocalspecError, ValueError) as own:
+        lane.failure = own
+        return None
+    finally:
+        proposal.close()
 
 
 def _isolated(lanes: list[Lane], parts: list[tuple[KvSequence, list[int], int]]) -> list[np.ndarray | None]:
@@ -201,44 +224,75 @@ def _isolated(lanes: list[Lane], parts: list[tuple[KvSequence, list[int], int]])
 
 def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], dict[int, float]]:
     """Each decoding lane's draft for a step holding every lane's pending token and the prompts'
-    `chunks`: each lane with a planner offers its best lookup proposal, and the step verifies one
-    length of all of them, the one that saves the most time (`adaptive.shared_lengths`: drafts of
-    one length share a pass, a longer one adds its own), its promised tokens worth what
-    shared drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one
-    decode takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals and the
-    draft tokens each priced one promised (forced lengths promise nothing). Priced as the queue
-    stands (`Drafting.queued`: requests waiting for a slot)."""
-    offered: dict[int, tuple[Draft, list[float]]] = {}
+    `chunks`: each lane with a planner offers what it would draft (`Planner.shared_offer`: a lookup's
+    proposal, or the draft model's promise), and the step verifies one length of all of them, the one
+    that saves the most time (`adaptive.shared_lengths`: drafts of one length share a pass, a longer
+    one adds its own, the draft model's decodes add theirs), its promised tokens worth what shared
+    drafts have kept of theirs (`Promises.trust`); within the batch and the logits rows one decode
+    takes. A forced length (`fixed_len`) is drafted as offered. Returns the proposals and the draft
+    tokens each priced one promised (forced lengths promise nothing). Priced as the queue stands
+    (`Drafting.queued`: requests waiting for a slot)."""
+    offered: dict[int, SharedOffer] = {}
     for i, lane in enumerate(lanes):
         if lane.planner is not None:
-            room = lane.kv.draft_room()
-            if lane.sampler.settings.logprobs is not None:  # (speculative.EXACT_VERIFY_POSITIONS)
-                room = min(room, EXACT_VERIFY_POSITIONS - 1)
-            draft, chances = lane.planner.shared_offer(lane.context, room, lane.request.constraint)
-            if draft.tokens:
-                offered[i] = (draft, chances)
+            offer = lane.planner.shared_offer(lane.context, draft_room(lane.kv, lane.sampler), lane.request.constraint)
+            if offer is not None:
+                offered[i] = offer
     if not offered:
         return {}, {}
     room = min(lanes[0].kv.model.n_batch - len(lanes) - sum(chunks), MAX_STEP_OUTPUTS - len(lanes) - len(chunks))
-    for draft, chances in offered.values():
-        if not chances:  # a forced length: as offered, within what is left of the room
-            draft.tokens = draft.tokens[:max(room, 0)]
-            room -= len(draft.tokens)
+    for offer in offered.values():
+        if not offer.chances:  # a forced length: as offered, within what is left of the room
+            offer.length = min(offer.length, max(room, 0))
+            room -= offer.length
     planner = lanes[next(iter(offered))].planner
     assert planner is not None
-    lengths = shared_lengths(planner.cost, [offered[i][1] if i in offered else [] for i in range(len(lanes))],
-                             chunks, room, trust=planner.drafting.promises.trust, queued=planner.drafting.queued())
+    none = SharedOffer("none", Turn(), 0, [])
+    priced = [offered.get(i, none) for i in range(len(lanes))]
+    lengths = shared_lengths(planner.cost, [o.chances for o in priced], chunks, room,
+                             trust=planner.drafting.promises.trust, queued=planner.drafting.queued(),
+                             drafting_s=lambda ks: _drafting_s(priced, ks))
+    for i, offer in offered.items():
+        if offer.chances:
+            offer.length = lengths[i]
+    drafts = _made(lanes, offered)
     proposals: dict[int, Proposal] = {}
     promised: dict[int, float] = {}
-    for i, (draft, chances) in offered.items():
-        if chances:
-            draft.tokens = draft.tokens[:lengths[i]]
-            if draft.tokens:
-                promised[i] = expected_tokens(chances[:len(draft.tokens)]) - 1
-        proposals[i] = proposal_of(draft, lanes[i].request.constraint)
-    if not promised and any(chances for _draft, chances in offered.values()):
+    for i, offer in offered.items():
+        if offer.chances and drafts[i].tokens:
+            promised[i] = expected_tokens(offer.chances[:len(drafts[i].tokens)]) - 1
+        proposals[i] = proposal_of(drafts[i], lanes[i].request.constraint)
+    if not promised and any(offer.chances for offer in offered.values()):
         planner.drafting.promises.passed()
     return proposals, promised
+
+
+def _drafting_s(offers: list[SharedOffer], lengths: Sequence[int]) -> float:
+    """Seconds the drafters would take to draft these lengths of these offers (lookups: none)."""
+    drafters: dict[int, tuple[Drafter, list[int]]] = {}
+    for offer, k in zip(offers, lengths):
+        if offer.drafter is not None and offer.draft is None and k > 0:
+            drafters.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(k)
+    return sum(drafter.drafting_s(ks) for drafter, ks in drafters.values())
+
+
+def _made(lanes: list[Lane], offered: dict[int, SharedOffer]) -> dict[int, Draft]:
+    """Each offer's draft at its chosen length: a lookup's proposal cut to it; a drafter's made by it
+    for all its lanes at once (`Drafter.draft_many`)."""
+    drafts: dict[int, Draft] = {}
+    asks: dict[int, tuple[Drafter, list[int]]] = {}
+    for i, offer in offered.items():
+        if offer.draft is not None:
+            drafts[i] = dataclasses.replace(offer.draft, tokens=offer.draft.tokens[:offer.length], tree=None)
+        elif offer.drafter is not None and offer.length > 0:
+            asks.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(i)
+        else:
+            drafts[i] = Draft.empty()
+    for drafter, which in asks.values():
+        made = drafter.draft_many([(offered[i].turn, lanes[i].context, offered[i].length, lanes[i].sampler)
+                                   for i in which])
+        drafts.update(zip(which, made))
+    return drafts
 
 
 def whole_images(tokens: list[int], n: int) -> int:
@@ -250,12 +304,17 @@ def whole_images(tokens: list[int], n: int) -> int:
     return n
 
 
-def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 30) -> list[tuple[Lane, Event]]:
-    """One shared step of every lane that can go on: the lanes' events (each round's time is its share of
-    the step, by the positions it had in it; a prompt's Prefill when its last chunk is in). Prompts still
-    being evaluated get `chunk(rows)` tokens in all (rows: the pending tokens of the step), the oldest
-    first; at least one token when nothing else is in the step. Lanes with a planner draft lookups
-    priced for the step (`_drafts`). A lane whose own evaluation failed ends with `failure` set."""
+def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 30,
+            learn: Callable[[Step, int], None] | None = None) -> list[tuple[Lane, Event]]:
+    """One step of every lane that can go on: the lanes' events (each round's time is its share of the
+    step, drafting included, by the positions it had in it; a prompt's Prefill when its last chunk is
+    in). Prompts still being evaluated get `chunk(rows)` tokens in all (rows: the pending tokens of the
+    step), the oldest first; at least one token when nothing else is in the step. A lane with a planner
+    that has the step to itself drafts as its planner chooses for a round alone (any drafter, a
+    candidate tree, a probe), its round timed as a plain round where it drafted nothing (so the speedup
+    shown measures plain decoding on the same loop) and `learn`t from; beside others, every lane with a
+    planner drafts as priced for the step (`_drafts`). A lane whose own evaluation failed ends with
+    `failure` set."""
     for lane in lanes:
         lane.ended = lane.stops_before_step()
     going = [lane for lane in lanes if lane.ended is None]
@@ -272,8 +331,18 @@ def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 3
             budget -= n
     if not together:
         return []
-    proposals, promised = _drafts(together[:pending], list(chunks.values()))
-    steps, seconds, tokens = step_together(together, chunks, proposals)
+    t0 = time.perf_counter()
+    alone = pending == 1 and not chunks and together[0].planner is not None
+    if alone:
+        own = together[0]
+        assert own.planner is not None
+        proposals = {0: propose(own.context, draft_room(own.kv, own.sampler), own.planner, own.sampler,
+                                own.request.constraint)}
+        promised: dict[int, float] = {}
+    else:
+        proposals, promised = _drafts(together[:pending], list(chunks.values()))
+    steps, tokens = step_together(together, chunks, proposals, alone)
+    seconds = time.perf_counter() - t0
     for i, promise in promised.items():  # every lane that offered has a planner, all of one engine's
         planner, step = together[i].planner, steps[i]
         if planner is not None and step is not None:
@@ -283,8 +352,11 @@ def advance(lanes: list[Lane], chunk: Callable[[int], int] = lambda rows: 1 << 3
         if lane.failure is not None:
             lane.ended = "error"
         elif step is not None:
-            event, lane.ended = lane.answer.add(step, len(lane.context) - step.accepted - 1, seconds * n / sum(tokens),
-                                                priced=True)
+            context_len = len(lane.context) - step.accepted - 1
+            if alone and learn is not None:
+                learn(step, context_len)
+            event, lane.ended = lane.answer.add(step, context_len, seconds * n / sum(tokens),
+                                                priced=not alone or bool(step.draft.tokens))
             events.append((lane, event))
         elif lane.prompt_in:  # its first token is decoded in the next step
             events.append((lane, lane.prefilled()))

@@ -61,24 +61,38 @@ def speculative_round(target: KvSequence, context: list[int], planner: "Planner"
     """One draft/verify round of one sequence: `context` (its tokens, the pending one last) grows in place
     by what the round keeps, and the same invariant holds after; None when the context is full. With a
     `constraint` every token follows its grammar (engine/constraint.py), advanced by the kept tokens."""
-    room = target.draft_room()  # draft tokens the round may verify after the pending one
+    room = draft_room(target, sampler)
     if room < 0:
         return None
+    proposal = propose(context, room, planner, sampler, constraint)
+    try:
+        return verify(target, context, proposal, planner, sampler, constraint, room)
+    finally:
+        proposal.close()
+
+
+def draft_room(target: KvSequence, sampler: Sampler) -> int:
+    """Draft tokens a round of this sequence may verify after its pending one (-1: its context is full)."""
+    room = target.draft_room()
     if sampler.settings.logprobs is not None:
         room = min(room, EXACT_VERIFY_POSITIONS - 1)
-    proposal = propose(context, room, planner, sampler, constraint)
+    return room
+
+
+def verify(target: KvSequence, context: list[int], proposal: "Proposal", planner: "Planner", sampler: Sampler,
+           constraint: Constraint | None, room: int) -> Step:
+    """A sequence's proposal verified in a decode of its own and settled: its candidate tree where it has
+    one worth verifying, else the pending token and its chain, padded to the shape held; the planner
+    learns the round's cost (the decode was this sequence's alone) and its drafter what was kept."""
     tree = proposal.draft.tree
     if tree is not None and constraint is None and sampler.settings.logprobs is None and tree_fits(tree, room):
         step, chain_kept = tree_round(target, context, proposal.draft, tree, sampler)
         planner.observe(proposal.draft, chain_kept, step.verify_s, 1 + len(tree), step.token)
         return step
-    try:
-        batch = padded(proposal.batch(context), planner.cost, room)
-        t0 = time.perf_counter()
-        logits = extend_together([(target, batch, len(batch))])[0]  # (the engine's one decode of a step)
-        step = settle(target, context, proposal, logits, sampler, time.perf_counter() - t0, constraint)
-    finally:
-        proposal.close()
+    batch = padded(proposal.batch(context), planner.cost, room)
+    t0 = time.perf_counter()
+    logits = extend_together([(target, batch, len(batch))])[0]
+    step = settle(target, context, proposal, logits, sampler, time.perf_counter() - t0, constraint)
     planner.observe(proposal.draft, step.accepted, step.verify_s, len(batch), step.token)
     return step
 
@@ -233,6 +247,21 @@ class _LazyChoices:
 
 
 @dataclass
+class SharedOffer:
+    """A request's offer for a step shared with other requests (`Planner.shared_offer`): at most `length`
+    tokens from the drafter `source`, each kept with its chance (a forced length has none); a lookup's
+    `draft` made already, else made by its `drafter` once the step has chosen the length, together with
+    the other sequences' (`Drafter.draft_many`)."""
+
+    source: str
+    turn: Turn
+    length: int
+    chances: list[float]
+    draft: Draft | None = None
+    drafter: Drafter | None = None
+
+
+@dataclass
 class Probing:
     """When a drafter nothing was worth drafting with gets a one-token probe: after `every` such rounds,
     the one tried least recently, each probe doubling the wait for the next (up to `longest`) until a
@@ -262,6 +291,9 @@ class Drafting:
     probing: Probing = field(default_factory=Probing)
     promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
     queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
+
+    def drafter(self, name: str) -> Drafter | None:
+        return next((d for d in self.drafters if d.name == name), None)
 
     def planner(self, prompt: Sequence[int], mode: str = "auto", fixed_len: int | None = None, budget: int = 512,
                 replayable: bool = False, longest: int | None = None, shortest: int = 0) -> "Planner":
@@ -366,33 +398,41 @@ class Planner:
         probing.since_tried[name] = 0
         return turn.draft(context, offer.length, sampler)
 
-    def shared_offer(self, context: list[int], room: int, grammar: Constraint | None = None) -> tuple[Draft, list[float]]:
-        """For a step shared with other requests: the lookup proposal with the most expected tokens and
-        the chance each of its tokens is kept, for the step to choose how much of every request's
-        proposal to verify (drafts of one length share a pass: adaptive.shared_lengths). A forced length
-        (`fixed_len`) comes back cut to it, with no chances. Nothing from the draft model (its
-        sequence waits for the request to decode alone), and no probes. Never an image's position."""
-        draft, chances = self._shared_offer(context, room, grammar)
-        kept = text_only(draft)
-        return kept, chances[:len(kept.tokens)]
-
-    def _shared_offer(self, context: list[int], room: int, grammar: Constraint | None) -> tuple[Draft, list[float]]:
+    def shared_offer(self, context: list[int], room: int, grammar: Constraint | None = None) -> "SharedOffer | None":
+        """For a step shared with other requests: the offer with the most expected tokens and the chance
+        each of its tokens is kept, for the step to choose how much of every request's draft to verify
+        (drafts of one length share a pass: adaptive.shared_lengths). A lookup's tokens come with it; a
+        drafter that drafts in shared steps (`Drafter.drafts_together`: the draft model, a head) offers
+        what its acceptance promises where a round alone would draft with it, and drafts once the step
+        has chosen the length. A forced length (`fixed_len`) comes back as that length, with
+        no chances. No probes; never an image's position. None: nothing to offer."""
         room = self._within(room)
         if room <= 0 or self.mode == "none":
-            return Draft.empty(), []
+            return None
         plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
-        offers = [o for _n, t in self.active if (o := t.offer(context, room, plan)) is not None
-                  and o.draft is not None and o.draft.tokens]
+        offers: list[tuple[SharedOffer, float]] = []
+        for name, turn in self.active:
+            offer = turn.offer(context, room, plan)
+            if offer is None:
+                continue
+            if offer.draft is not None and (draft := text_only(offer.draft)).tokens:
+                most = offer.length if self.fixed_len is not None else len(offer.chances)
+                shared = SharedOffer(name, turn, min(most, len(draft.tokens)), offer.chances, draft)
+            elif offer.draft is None and offer.length > 0 and (drafter := self.drafting.drafter(name)) is not None \
+                    and drafter.drafts_together:
+                most = offer.length if self.fixed_len is not None else len(offer.chances)
+                shared = SharedOffer(name, turn, most, offer.chances, drafter=drafter)
+            else:
+                continue
+            offers.append((shared, offer.rate))
         if not offers:
-            return Draft.empty(), []
+            return None
         if self.fixed_len is not None:
-            forced = max(offers, key=lambda o: o.rate)
-            assert forced.draft is not None
-            return dataclasses.replace(forced.draft, tokens=forced.draft.tokens[:forced.length]), []
-        best = max(offers, key=lambda o: expected_tokens(o.chances))
-        assert best.draft is not None
-        chances = best.chances[:len(best.draft.tokens)]
-        return dataclasses.replace(best.draft, tokens=best.draft.tokens[:len(chances)]), chances
+            forced = max(offers, key=lambda o: o[1])[0]
+            return dataclasses.replace(forced, chances=[])
+        best = max((o for o, _rate in offers), key=lambda o: expected_tokens(o.chances[:o.length]))
+        best.chances = best.chances[:best.length]
+        return best if best.chances else None
 
     def _within(self, room: int) -> int:
         """The room a round may draft in: at most the request's longest draft, none below its shortest."""

@@ -127,10 +127,29 @@ class Drafter(Turn):
 
     name = "drafter"
     warning: str | None = None  # a problem met at load that the user should hear about
+    # Whether it drafts in steps shared by several requests' sequences (`draft_many`) as well as in
+    # rounds alone, and whether it drafts for all of them in the same decodes (a batch: one decode per
+    # draft token whatever the sequences) or for one after the other.
+    drafts_together = False
+    batched = False
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> Turn:
         """A new request with this prompt: its turn."""
         return self
+
+    def token_s(self) -> float:
+        """Seconds one drafted token costs (a lookup's: nothing)."""
+        return 0.0
+
+    def draft_many(self, asks: Sequence[tuple[Turn, Sequence[int], int, Sampler]]) -> list[Draft]:
+        """Drafts for several requests' turns of this drafter in one step (`drafts_together`): (turn,
+        context, length, sampler) each; one after the other unless the drafter batches them."""
+        return [turn.draft(context, length, sampler) for turn, context, length, sampler in asks]
+
+    def drafting_s(self, lengths: Sequence[int]) -> float:
+        """Seconds drafting these lengths for as many sequences takes (`batched`: the longest's decodes)."""
+        drafted = max(lengths, default=0) if self.batched else sum(lengths)
+        return drafted * self.token_s()
 
     def reset(self) -> None:
         """Forget cached state tied to the target's KV cache (the engine's cache was cleared)."""

@@ -70,6 +70,11 @@ class HeadDrafter(Drafter):
             head.forget(seq, 0)
         return float(np.median(times[1:]))  # the first step sets up the head's graph
 
+    drafts_together = True  # (its cache follows every target decode, shared ones too)
+
+    def token_s(self) -> float:
+        return self.cost.per_token_s
+
     def begin(self, prompt: Sequence[int], plan: Plan) -> "HeadTurn":
         known = self.acceptance  # a prior at reduced weight, as the draft model's (drafters/model.py)
         acceptance = dataclasses.replace(known, tried=[t * 0.3 for t in known.tried], kept=[k * 0.3 for k in known.kept])
@@ -110,7 +115,9 @@ class HeadTurn(Turn):
             return None
         if plan.fixed_len is not None:
             return Offer(cap, 0.0)
-        return Offer(*self._best(cap, plan))
+        k, rate = self._best(cap, plan)
+        # (the chances up to the cap: a step shared with other sequences chooses its own length)
+        return Offer(k, rate, chances=self.acceptance.rates(cap) if k > 0 else [])
 
     def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
         if not self._following(context):

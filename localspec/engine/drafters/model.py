@@ -16,7 +16,7 @@ import numpy as np
 from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, free_positions, margin_for
 from localspec.engine.calibration import calibrated_costs
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
-from localspec.engine.kv import KvSequence, common_prefix
+from localspec.engine.kv import KvSequence, common_prefix, extend_together
 from localspec.engine.sampling import Sampler
 from localspec.engine.tree import DraftTree, with_alternates
 
@@ -67,6 +67,53 @@ class ModelDrafter(Drafter):
         return cls(model, p_min=sources.p_min, name=name, per_token_s=per_token,
                    prior=0.7 if name == "model" else 0.6, learn_costs=sources.learn_costs,
                    prefill_s=prefill / cls.prefill_batch if prefill else None, tree_leaves=sources.tree_leaves)
+
+    drafts_together = batched = True
+
+    def token_s(self) -> float:
+        return self.cost.per_token_s
+
+    def draft_many(self, asks: Sequence[tuple[Turn, Sequence[int], int, Sampler]]) -> list[Draft]:
+        """Chains for several requests at once, in their own sequences of the draft model: one decode
+        brings every sequence that is behind up to its context, then one decode per draft token holds
+        every chain still going; each stops where its draft stops being sure, as `ModelTurn.propose`'s.
+        A sequence two requests share (more requests than sequences) drafts for the first only."""
+        t0 = time.perf_counter()
+        chains: list[_Chain] = []
+        caught_up: list[tuple[_Chain, int]] = []
+        for i, (turn, context, length, sampler) in enumerate(asks):
+            assert isinstance(turn, ModelTurn)
+            kv = turn.kv
+            if length <= 0 or len(context) + length > kv.n_ctx or any(c.kv is kv for c in chains):
+                continue
+            chain = _Chain(i, kv, list(context), length, sampler, turn.prepared(context))
+            chains.append(chain)
+            if chain.logits is None:
+                keep = min(common_prefix(kv.tokens, context), len(context) - 1)
+                kv.rewind(keep)
+                caught_up.append((chain, len(context) - keep))
+        decodes = 0
+        if caught_up:
+            rows = extend_together([(c.kv, c.history[len(c.kv.tokens):], 1) for c, _n in caught_up])
+            for (chain, _n), row in zip(caught_up, rows):
+                chain.logits = row[0]
+            decodes = 1
+        going = chains
+        while going:
+            going = [c for c in going if c.next_token(self.p_min)]
+            if going:
+                rows = extend_together([(c.kv, c.tokens[-1:], 1) for c in going])
+                for chain, row in zip(going, rows):
+                    chain.logits = row[0]
+                decodes += 1
+        elapsed = time.perf_counter() - t0
+        steady = decodes > 0 and max((n for _c, n in caught_up), default=0) <= 2
+        drafts = [Draft.empty() for _ in asks]
+        for chain in chains:
+            drafts[chain.index] = Draft(tokens=chain.tokens, q=np.stack(chain.q) if chain.q else None,
+                                        source=self.name, seconds=elapsed,
+                                        note=elapsed / decodes if steady else None)
+        return drafts
 
     def leaves_for(self, length: int, room: int, plan: Plan) -> int:
         """How many second candidates a chain of `length` gets: one per depth at most, and one after the
@@ -152,7 +199,8 @@ class ModelTurn(Turn):
         if k > 0 and not self.catch_up_pays(context, rate, plan):
             k = 0
         self._leaves = self.drafter.leaves_for(k, room, plan)
-        return Offer(k, rate)
+        # (the chances up to the cap: a step shared with other sequences chooses its own length)
+        return Offer(k, rate, chances=self.acceptance.rates(cap) if k > 0 else [])
 
     def probe(self, context: Sequence[int], plan: Plan) -> Offer | None:
         """Never for a drafter that cannot pay on this machine even when nearly always right, nor one
@@ -216,11 +264,18 @@ class ModelTurn(Turn):
             return len(context) - n
         return len(context) - common_prefix(held, context)
 
-    def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Logits after the context's last token, and how many tokens had to be evaluated."""
+    def prepared(self, context: Sequence[int]) -> np.ndarray | None:
+        """The logits `prepare` left after exactly this context, if it did (taken: once)."""
         ready, self._ready = self._ready, None
         if ready is not None and ready[0] == len(context) and self.kv.tokens == list(context):
-            return ready[1], 0
+            return ready[1]
+        return None
+
+    def _logits_after(self, context: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Logits after the context's last token, and how many tokens had to be evaluated."""
+        ready = self.prepared(context)
+        if ready is not None:
+            return ready, 0
         before = self.kv.evaluated
         logits = self.kv.sync(context)
         return logits, self.kv.evaluated - before
@@ -285,3 +340,29 @@ def with_leaves(chain: list[int], seconds: list[tuple[int, float, float]], leave
     chosen = {-d for _w, d in sorted(weighed, reverse=True)[:leaves]}
     alternates = [token if depth in chosen else None for depth, (token, _w, _c) in enumerate(seconds)]
     return with_alternates(chain, alternates, q)
+
+
+@dataclasses.dataclass
+class _Chain:
+    """One request's chain as `ModelDrafter.draft_many` drafts it: the logits after its history, its tokens."""
+
+    index: int
+    kv: KvSequence
+    history: list[int]
+    length: int
+    sampler: Sampler
+    logits: np.ndarray | None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    q: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def next_token(self, p_min: float) -> bool:
+        """Draft one more token from the logits; whether the chain goes on (its token is then decoded)."""
+        assert self.logits is not None
+        token, confidence, q = self.sampler.draft_token(self.logits, self.history, p_min > 0)
+        if self.tokens and confidence < p_min:
+            return False  # not even this one: the draft stops where the model stops being sure
+        self.tokens.append(token)
+        self.history.append(token)
+        if q is not None:
+            self.q.append(q)
+        return len(self.tokens) < self.length and confidence >= p_min
