@@ -137,7 +137,10 @@ def run_one(kind: str, scenario: str, trial: int, args) -> dict | None:
                 if scenario == "n_cmpl":
                     result = n_cmpl(url)
                 elif scenario == "chats":
-                    result = chats(url, trial, args.tokens, {"drafter": args.drafter} if args.drafter else None)
+                    asked = {"drafter": args.drafter} if args.drafter else {}
+                    if args.draft_len is not None:
+                        asked["draft_len"] = args.draft_len
+                    result = chats(url, trial, args.tokens, asked or None)
                 else:
                     result = editor(url, args.chat_tokens if scenario == "editor+chat" else 0)
             break
@@ -229,6 +232,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="each chat client's answer")
     ap.add_argument("--chat-tokens", type=int, default=256, help="each answer of the chat beside the editor")
     ap.add_argument("--drafter", help="the drafter every chat asks localspec for (e.g. model); default: the server's")
+    ap.add_argument("--draft-len", type=int, help="a draft length every chat forces on localspec")
     ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. -md DRAFT.gguf --no-repack)")
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--json", type=Path)

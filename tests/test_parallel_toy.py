@@ -495,6 +495,29 @@ def test_a_shared_step_verifies_one_length_of_every_proposal_where_that_pays():
     assert shared_lengths(cpu, [sure] * 4, room=8) == [0, 0, 0, 0]  # not within the batch
 
 
+def test_a_shared_step_prices_what_drafting_its_lengths_costs():
+    """A drafter that batches its sequences pays one decode per draft position for every chain that
+    reaches it (a decode of n rows at the verify costs' scale); one that drafts for one sequence after
+    the other pays every token. On a GPU-like shape two sequences' model drafts pay where drafting is
+    cheap, and the step drafts nothing where it costs as much as the verify it would save."""
+    from localspec.engine.adaptive import shared_lengths
+    from localspec.engine.drafters.base import Drafter
+
+    class Dear(Drafter):
+        def token_s(self) -> float:
+            return 0.5
+
+    batched, one_by_one = Dear(), Dear()
+    batched.batched = True
+    scale = {1: 1.0, 2: 1.5}.__getitem__
+    assert batched.drafting_s([3, 2], scale) == pytest.approx(0.5 * (1.5 + 1.5 + 1.0))
+    assert one_by_one.drafting_s([3, 2], scale) == pytest.approx(0.5 * 5)
+    gpu = CostModel(dict(COST))
+    sure = [0.9] * 7
+    assert shared_lengths(gpu, [sure, sure], drafting_s=lambda ks: 0.01 * max(ks)) == [7, 7]
+    assert shared_lengths(gpu, [sure, sure], drafting_s=lambda ks: 1.0 * max(ks)) == [0, 0]
+
+
 def test_with_requests_queued_for_a_slot_any_sequence_ahead_saves_its_share_of_a_step():
     """Where requests wait for a slot every slot stays full, so a token any sequence gets ahead is 1/n
     of a full step of n: on a GPU's shape (a step of four about one token) a sure copy beside three

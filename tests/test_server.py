@@ -444,6 +444,36 @@ def test_concurrent_clients_all_complete(server):
     assert results == [200] * 4
 
 
+def test_two_chats_at_once_each_draft_with_the_draft_model_in_shared_steps(smollm2_path):
+    """Two chats asking for the draft model at the same moment: their rounds share steps and both
+    draft with it there (the server's one step: a second request does not switch the draft model off),
+    each keeps drafted tokens, and each answer is its answer alone."""
+    questions = ["List three colors, then list them again.", "Count from one to ten in words."]
+
+    def ask(server, question, into):
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0,
+                "drafter": "model", "draft_len": 3}
+        with httpx.stream("POST", server.url + "/localspec/v1/generate", json=body, timeout=120) as r:
+            into[question] = [json.loads(line) for line in r.iter_lines() if line]
+
+    with serving(smollm2_path, "smollm2", 2048, slots=2, draft=str(smollm2_path)) as server:
+        alone: dict[str, list] = {}
+        for question in questions:
+            ask(server, question, alone)
+        together: dict[str, list] = {}
+        threads = [threading.Thread(target=ask, args=(server, q, together)) for q in questions]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for question in questions:
+        summary = together[question][-1]
+        assert summary["type"] == "summary" and summary["text"] == alone[question][-1]["text"]
+        assert summary["drafted_by_drafter"].get("model", 0) > 0 and summary["accepted_by_drafter"].get("model", 0) > 0
+        rounds = [e for e in together[question] if e["type"] == "round"]
+        assert any(r["shared"] and r["drafter"] == "model" for r in rounds)
+
+
 def test_a_client_that_disconnects_frees_the_engine_for_the_next(server):
     sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
     # Greedy counting: the model would go on for all 400 tokens (a sampled story may end by itself).

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.engine.answer import Answer
-from localspec.engine.adaptive import expected_tokens, shared_lengths
+from localspec.engine.adaptive import CostModel, expected_tokens, shared_lengths
 from localspec.engine.drafters import Draft, Drafter, Turn
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
@@ -251,7 +251,7 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     priced = [offered.get(i, none) for i in range(len(lanes))]
     lengths = shared_lengths(planner.cost, [o.chances for o in priced], chunks, room,
                              trust=planner.drafting.promises.trust, queued=planner.drafting.queued(),
-                             drafting_s=lambda ks: _drafting_s(priced, ks))
+                             drafting_s=lambda ks: _drafting_s(priced, ks, planner.cost))
     for i, offer in offered.items():
         if offer.chances:
             offer.length = lengths[i]
@@ -267,13 +267,18 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     return proposals, promised
 
 
-def _drafting_s(offers: list[SharedOffer], lengths: Sequence[int]) -> float:
-    """Seconds the drafters would take to draft these lengths of these offers (lookups: none)."""
+def _drafting_s(offers: list[SharedOffer], lengths: Sequence[int], cost: CostModel) -> float:
+    """Seconds the drafters would take to draft these lengths of these offers (lookups: none); a decode
+    of several rows priced as the target's verify costs scale with rows (the draft model's own are
+    measured for one row only)."""
     drafters: dict[int, tuple[Drafter, list[int]]] = {}
     for offer, k in zip(offers, lengths):
         if offer.drafter is not None and offer.draft is None and k > 0:
             drafters.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(k)
-    return sum(drafter.drafting_s(ks) for drafter, ks in drafters.values())
+    def rows_cost(rows: int) -> float:
+        return cost.verify(rows) / cost.verify(1)
+
+    return sum(drafter.drafting_s(ks, rows_cost) for drafter, ks in drafters.values())
 
 
 def _made(lanes: list[Lane], offered: dict[int, SharedOffer]) -> dict[int, Draft]:

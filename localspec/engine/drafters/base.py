@@ -146,10 +146,14 @@ class Drafter(Turn):
         context, length, sampler) each; one after the other unless the drafter batches them."""
         return [turn.draft(context, length, sampler) for turn, context, length, sampler in asks]
 
-    def drafting_s(self, lengths: Sequence[int]) -> float:
-        """Seconds drafting these lengths for as many sequences takes (`batched`: the longest's decodes)."""
-        drafted = max(lengths, default=0) if self.batched else sum(lengths)
-        return drafted * self.token_s()
+    def drafting_s(self, lengths: Sequence[int], rows_cost: Callable[[int], float] = lambda rows: 1.0) -> float:
+        """Seconds drafting these lengths for as many sequences takes: one after the other, a token's cost
+        each; `batched`, one decode per draft position holding every chain that reaches it, a decode of
+        n rows costing `rows_cost(n)` times one row's."""
+        if not self.batched:
+            return sum(lengths) * self.token_s()
+        depth = max(lengths, default=0)
+        return self.token_s() * sum(rows_cost(sum(k > d for k in lengths)) for d in range(depth))
 
     def reset(self) -> None:
         """Forget cached state tied to the target's KV cache (the engine's cache was cleared)."""
