@@ -37,7 +37,7 @@ from localspec.engine.drafters import CopyDrafter, OpeningDrafter
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.heads import HeadDrafter, HeadTurn
 from localspec.engine.sampling import SamplingSettings, Sampler
-from localspec.engine.speculative import Drafting
+from localspec.engine.planner import Drafting
 from common import median_interval
 from replay_trees import kept_of, truth_of
 

@@ -64,7 +64,7 @@ from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter,
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
-from localspec.engine.speculative import Drafting
+from localspec.engine.planner import Drafting
 from common import median_interval
 from replay_trees import GPU_SHAPE, bounds, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
 

@@ -248,7 +248,7 @@ def test_the_planner_takes_a_plain_round_instead_of_a_small_gain_while_plain_is_
         def offer(self, context, room, plan):
             return Offer(1, 1.1 / plan.cost.verify(1), Draft([7], source="ngram"))
 
-    from localspec.engine.speculative import Drafting
+    from localspec.engine.planner import Drafting
 
     plain = PlainRounds()
     planner = Drafting(CostModel({1: 1.0, 2: 1.5}), [Small()], plain_wanted=plain.wanted).planner([1, 2])

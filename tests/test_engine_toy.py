@@ -612,7 +612,7 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
 
 def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     from localspec.engine.drafters import CopyDrafter
-    from localspec.engine.speculative import Drafting
+    from localspec.engine.planner import Drafting
 
     cost = CostModel({1: 1.0, 2: 1.9, 4: 3.2, 8: 5.0, 16: 6.0})  # the shape of a CPU with AVX-512
     source = list(range(100, 140))
@@ -647,7 +647,7 @@ def test_an_old_copy_drafts_at_a_requests_first_chance_on_a_steep_avx2_shape():
     margin of a measured rate, not of a guess: on this shape (an AVX2 build on a 2-core EPYC, 2026-12-03) a margin
     for no evidence priced every copy out, no request ever drafted, and no record could ever grow."""
     from localspec.engine.drafters import CopyDrafter
-    from localspec.engine.speculative import Drafting
+    from localspec.engine.planner import Drafting
 
     steep = CostModel({1: 1.0, 2: 1.70, 3: 2.45, 4: 3.04, 6: 4.59, 8: 8.82, 12: 10.0, 16: 10.84})
     source = list(range(100, 140))

@@ -98,7 +98,8 @@ def test_pure_engine_modules_import_without_llama_cpp():
         "import sys; sys.modules['llama_cpp'] = None\n"  # any `import llama_cpp` now raises ImportError
         "import localspec.engine.events, localspec.engine.contract, localspec.engine.sampling\n"
         "import localspec.engine.kv, localspec.engine.adaptive, localspec.engine.drafters\n"
-        "import localspec.engine.speculative, localspec.engine.pairing, localspec.engine.api, localspec.engine.files\n"
+        "import localspec.engine.speculative, localspec.engine.planner, localspec.engine.parallel\n"
+        "import localspec.engine.core, localspec.engine.pairing, localspec.engine.api, localspec.engine.files\n"
         "import localspec.engine.constraint, localspec.engine.model\n"
         "print('ok')\n"
     )
@@ -170,6 +171,20 @@ def test_no_import_cycles():
     """Two modules that need each other are one module in two files: neither can be read, tested or
     replaced alone (TYPE_CHECKING and function-level imports count)."""
     assert _cycles(_module_graph(PACKAGE)) == []
+
+
+def test_the_engines_step_is_layered_round_planning_step_core():
+    """Bottom up: a round (engine/speculative.py: verify, settle, trees) and a request's planning
+    (engine/planner.py) know nothing of steps; the one step every lane takes (engine/parallel.py) knows
+    no core; the core (engine/core.py) knows no front door (the Engine, the server, the app)."""
+    graph = _module_graph(PACKAGE)
+    engine = "localspec.engine."
+    above = {"speculative": {"parallel", "core", "api"}, "planner": {"speculative", "parallel", "core", "api"},
+             "parallel": {"core", "api"}, "core": {"api"}}
+    for module, forbidden in above.items():
+        reached = graph[engine + module] & {engine + name for name in forbidden}
+        assert not reached, (module, reached)
+    assert not any(name.startswith(("localspec.server", "localspec.tui")) for name in graph[engine + "core"])
 
 
 def test_the_cycle_check_sees_a_cycle(tmp_path):

@@ -16,20 +16,21 @@ from typing import Callable, Iterator, Sequence
 from localspec.engine.adaptive import CostModel
 from localspec.engine.calibration import Calibrator
 from localspec.engine.contract import ServedEngine, available_drafters
+from localspec.engine.core import Core, Deliver
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
 from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import BlockHead, LanguageModel, PredictionHead, Vocabulary
-from localspec.engine.core import Core, Deliver
 from localspec.engine.options import EngineOptions, plain_only_warning
-from localspec.engine.params import GenerationParams
 from localspec.engine.ownership import Ownership, remeasure_when_quiet
 from localspec.engine.parallel import Lane
+from localspec.engine.params import GenerationParams
+from localspec.engine.planner import Drafting, Planner
 from localspec.engine.request import Request, check
 from localspec.engine.sampling import SamplingSettings
 from localspec.engine.session import NO_PROJECTOR, ChatTemplate, Message
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Drafting, Planner, Step
+from localspec.engine.speculative import Step
 from localspec.engine.speedup import PlainRounds
 from localspec.errors import LocalspecError
 

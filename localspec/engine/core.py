@@ -32,10 +32,11 @@ from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import common_prefix
 from localspec.engine.model import LanguageModel
 from localspec.engine.parallel import Lane, advance, prompt_chunk
+from localspec.engine.planner import Planner
 from localspec.engine.request import Request
 from localspec.engine.sampling import InfillVocab, Sampler
 from localspec.engine.slots import Slots
-from localspec.engine.speculative import Planner, Step
+from localspec.engine.speculative import Step
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
 from localspec.errors import LocalspecError
 

@@ -38,15 +38,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.engine.answer import Answer
 from localspec.engine.adaptive import CostModel, expected_tokens, shared_lengths
+from localspec.engine.answer import Answer
 from localspec.engine.drafters import Draft, Drafter, Turn
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
+from localspec.engine.planner import Planner, SharedOffer
 from localspec.engine.request import Request
 from localspec.engine.sampling import Sampler
-from localspec.engine.speculative import (Planner, Proposal, SharedOffer, Step, draft_room, propose, proposal_of, settle,
-                                         verify)
+from localspec.engine.speculative import Proposal, Step, draft_room, propose, proposal_of, settle, verify
 from localspec.errors import LocalspecError
 
 

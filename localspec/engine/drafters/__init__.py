@@ -4,7 +4,7 @@ Every drafter setting front doors offer (CLI choices, config, TUI, server, bench
 `REGISTRY`. Adding a drafter is one module implementing `Drafter` (its `begin` makes each request's
 `Turn`, which implements at least `offer`; a lookup returns its proposal with the offer) plus one line
 here; the planner prices every registered drafter the setting allows each round and drafts with the
-best (engine/speculative.py).
+best (engine/planner.py).
 """
 
 from __future__ import annotations
