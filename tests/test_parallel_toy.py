@@ -662,7 +662,8 @@ def test_requests_decoded_together_each_draft_with_the_draft_model_one_decode_pe
 def test_requests_decoded_together_each_draft_with_the_targets_head():
     """Two requests at once on a target with a multi-token-prediction head, each asking for it: the
     head follows both sequences through the shared decodes, so the shared steps verify both
-    sequences' head drafts; both answers keep drafted tokens and each is its solo answer (greedy)."""
+    sequences' head drafts, made in head steps that hold both chains; both answers keep drafted tokens
+    and each is its solo answer (greedy)."""
     target = ToyModel(seed=3, n_seq=2)
     target.mtp = ToyHead(target, ToyModel(seed=3, noise_seed=11, noise=1.5))
     engine = Engine(target, None, EngineOptions(drafter="mtp", learn_costs=False, history_drafts=False),
@@ -678,3 +679,4 @@ def test_requests_decoded_together_each_draft_with_the_targets_head():
         assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
     both = {lane.kv.seq for lane in lanes}
     assert any({seq for seq, _s, _n in step} == both and all(n > 1 for _seq, _s, n in step) for step in target.steps)
+    assert any(sorted(seqs) == sorted(both) for seqs in target.mtp.many)  # one head step for both chains

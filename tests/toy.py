@@ -268,6 +268,7 @@ class ToyHead:
         self.model = model
         self.steps = 0
         self.forgotten: list[tuple[int, int]] = []
+        self.many: list[list[int]] = []  # the sequences of each predict_many call
 
     def hidden_at(self, seq: int, pos: int) -> np.ndarray:
         held = self.target.seqs[seq]
@@ -282,6 +283,12 @@ class ToyHead:
 
     def forget(self, seq: int, pos: int) -> None:
         self.forgotten.append((seq, pos))
+
+    batched = True
+
+    def predict_many(self, steps) -> list[tuple[np.ndarray, np.ndarray]]:
+        self.many.append([seq for seq, _token, _pos, _hidden in steps])
+        return [self.predict(*step) for step in steps]
 
 
 class ToyBlock:

@@ -17,7 +17,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.beside import BesideTarget
+from localspec.engine.backend.beside import BesideTarget, StepsOneByOne
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.mtp import record_hidden
 from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
@@ -26,7 +26,7 @@ from localspec.errors import LocalspecError, ModelFileError
 ARCHITECTURE = "gemma4-assistant"
 
 
-class Gemma4Assistant(BesideTarget):
+class Gemma4Assistant(StepsOneByOne, BesideTarget):
     """A Gemma 4 assistant GGUF in a context beside its Gemma 4 target's, reading the target's cache and
     hidden states. The `mtp` drafter drafts with it (given to the engine as `assistant`), as llama.cpp's
     `draft-mtp` does."""

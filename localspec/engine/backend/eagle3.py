@@ -19,7 +19,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.beside import BesideTarget
+from localspec.engine.backend.beside import BesideTarget, StepsOneByOne
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
@@ -28,7 +28,7 @@ from localspec.errors import LocalspecError, ModelFileError
 ENCODER_CHUNK = 64  # positions the encoder fuses per call (its outputs are rows of the draft's width)
 
 
-class Eagle3Draft(BesideTarget):
+class Eagle3Draft(StepsOneByOne, BesideTarget):
     """An EAGLE-3 GGUF in a context beside a target `Model`'s, its cache following the target's
     sequence by sequence. The target's token embeddings and output head are used where the file has
     none of its own (llama.cpp's `ctx_other`)."""

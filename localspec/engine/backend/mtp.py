@@ -121,32 +121,45 @@ class MtpHead:
 
     # ------------------------------------------------------------------ drafting
 
+    batched = True  # `predict_many` steps every sequence in one decode
+
     def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The head's logits for the token after `token` at `pos` (paired with `hidden`, the state before
         it), and its own hidden state there, for the next step. Writes position `pos` of its cache; with
         chained heads, a step right after the last one continues its draft (and runs the next head), any
         other starts one."""
-        start, steps = pos, [(token, hidden.copy())]
-        if self.chained:
-            start, earlier = self._drafts.get(seq, (pos, []))
-            if pos != start + len(earlier):
-                start, earlier = pos, []
-            steps = earlier + steps
-            if len(steps) > self.n_layers:
-                raise LocalspecError(f"The file has {self.n_layers} MTP heads; a draft cannot chain more.")
-            self._drafts[seq] = (start, steps)
-            L.llama_memory_seq_rm(self._memory, seq, start, -1)  # the draft so far, written again
+        return self.predict_many([(seq, token, pos, hidden)])[0]
+
+    def predict_many(self, steps: Sequence[tuple[int, int, int, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict` for several sequences in one decode, (seq, token, pos, hidden) each; chained heads
+        step every sequence at the same depth of its draft (one head runs the decode)."""
         L.llama_batch_ext_clear(self._batch)
-        keep = [add_token(self._batch, seq, t, start + k, h, output=k == len(steps) - 1)
-                for k, (t, h) in enumerate(steps)]
-        rc = self._run(self._batch, len(steps) - 1)
+        keep: list[np.ndarray] = []
+        outputs: list[int] = []  # each sequence's one row with outputs, by its index in the batch
+        depth = 1
+        for seq, token, pos, hidden in steps:
+            start, chain = pos, [(token, hidden.copy())]
+            if self.chained:
+                start, earlier = self._drafts.get(seq, (pos, []))
+                if pos != start + len(earlier):
+                    start, earlier = pos, []
+                chain = earlier + chain
+                if len(chain) > self.n_layers:
+                    raise LocalspecError(f"The file has {self.n_layers} MTP heads; a draft cannot chain more.")
+                if outputs and len(chain) != depth:
+                    raise LocalspecError("Chained MTP heads step every sequence at one depth of its draft.")
+                self._drafts[seq] = (start, chain)
+                L.llama_memory_seq_rm(self._memory, seq, start, -1)  # the draft so far, written again
+            depth = len(chain)
+            keep += [add_token(self._batch, seq, t, start + k, h, output=k == len(chain) - 1)
+                     for k, (t, h) in enumerate(chain)]
+            outputs.append(len(keep) - 1)
+        rc = self._run(self._batch, depth - 1)
         del keep
         if rc != 0:
             raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
-        last = len(steps) - 1  # the batch index of the one row with outputs
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, last), shape=(self.n_vocab,)).copy()
-        state = rows(CALLS["get_embeddings_nextn_ith"](self._ctx, last), 1, self.n_embd)[0]
-        return logits, state
+        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
+                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in outputs]
 
     def forget(self, seq: int, pos: int) -> None:
         """Drop the head's cache from `pos` on (its draft positions): the target's verify decode writes

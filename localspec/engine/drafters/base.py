@@ -61,6 +61,37 @@ def text_only(draft: Draft) -> Draft:
     return dataclasses.replace(draft, tokens=draft.tokens[:cut], q=q, tree=None)
 
 
+@dataclass(kw_only=True)
+class Chain:
+    """One request's draft as a drafter makes several at once (`Drafter.draft_many`): the logits after
+    its history, the tokens drafted so far (and each one's q, sampling)."""
+
+    index: int                     # which of the asks it answers
+    history: list[int]
+    length: int                    # the most tokens it may have
+    sampler: Sampler
+    logits: np.ndarray | None = None
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray] = field(default_factory=list)
+
+    def next_token(self, p_min: float) -> bool:
+        """Draft one more token from the logits; whether the chain goes on. It stops where the drafter
+        stops being sure (below `p_min`: its first token is kept, a later one is not)."""
+        assert self.logits is not None
+        token, confidence, q = self.sampler.draft_token(self.logits, self.history, p_min > 0)
+        if self.tokens and confidence < p_min:
+            return False
+        self.tokens.append(token)
+        self.history.append(token)
+        if q is not None:
+            self.q.append(q)
+        return len(self.tokens) < self.length and confidence >= p_min
+
+    def draft(self, source: str, seconds: float, note: object = None) -> Draft:
+        return Draft(tokens=self.tokens, q=np.stack(self.q) if self.q else None, source=source, seconds=seconds,
+                     note=note)
+
+
 @dataclass(frozen=True)
 class Plan:
     """One request's plan, fixed when it starts, and what offers are priced with: the drafter setting,

@@ -26,6 +26,8 @@ class BlockDrafter(HeadDrafter):
 
     name = "dflash"
     max_len = 3  # masks per pass: llama.cpp's default draft length (common.h, n_max), within the block
+    drafts_together = False  # a block is drafted for a request decoding alone
+    batched = False
 
     def __init__(self, head: BlockHead, p_min: float = 0.5, per_pass_s: float = 0.0, prior: float = 0.7,
                  learn_costs: bool = True):

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, margin_for
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
+from localspec.engine.drafters.base import Chain, Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import PredictionHead
 from localspec.engine.sampling import Sampler
@@ -72,8 +72,44 @@ class HeadDrafter(Drafter):
 
     drafts_together = True  # (its cache follows every target decode, shared ones too)
 
+    @property
+    def batched(self) -> bool:  # type: ignore[override]  # (the head's: one decode for every sequence, or each in turn)
+        return self.head.batched
+
     def token_s(self) -> float:
         return self.cost.per_token_s
+
+    def draft_many(self, asks: Sequence[tuple[Turn, Sequence[int], int, Sampler]]) -> list[Draft]:
+        """Chains for several requests at once, each from its pending token and the trunk's state before
+        it, as `HeadTurn.draft`'s: one head step per draft position holding every chain still going
+        (`PredictionHead.predict_many`), the draft positions dropped again after."""
+        t0 = time.perf_counter()
+        chains: list[_Chain] = []
+        for i, (turn, context, length, sampler) in enumerate(asks):
+            assert isinstance(turn, HeadTurn)
+            if length > 0 and turn.kv is not None and turn._following(context):
+                seq, pos = turn.kv.seq, len(context) - 1
+                chains.append(_Chain(index=i, history=list(context), length=length, sampler=sampler, seq=seq,
+                                     pos=pos, token=context[-1], hidden=self.head.hidden_at(seq, pos - 1)))
+        try:
+            going = chains
+            while going:
+                steps = self.head.predict_many([(c.seq, c.token, c.pos + len(c.tokens), c.hidden) for c in going])
+                for chain, (logits, hidden) in zip(going, steps):
+                    chain.logits, chain.hidden = logits, hidden
+                going = [c for c in going if c.next_token(self.p_min)]
+                for chain in going:
+                    chain.token = chain.tokens[-1]
+        finally:
+            for chain in chains:
+                self.head.forget(chain.seq, chain.pos)
+        seconds = time.perf_counter() - t0
+        drafts = [Draft.empty() for _ in asks]
+        for chain in chains:
+            # a draft made alone measures a token's cost; one made beside others, a share of a batch's
+            alone = len(chains) == 1 and chain.tokens
+            drafts[chain.index] = chain.draft(self.name, seconds, seconds / len(chain.tokens) if alone else None)
+        return drafts
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "HeadTurn":
         known = self.acceptance  # a prior at reduced weight, as the draft model's (drafters/model.py)
@@ -163,3 +199,11 @@ class HeadTurn(Turn):
     def end(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         if self.drafted:
             self.drafter.acceptance = self.acceptance
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Chain(Chain):
+    seq: int             # the target sequence the head follows
+    pos: int             # the pending token's position: the draft's first
+    token: int           # the token the next step reads
+    hidden: np.ndarray   # and the state before it

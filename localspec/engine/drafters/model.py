@@ -15,7 +15,7 @@ import numpy as np
 
 from localspec.engine.adaptive import Acceptance, DrafterCost, best_length, free_positions, margin_for
 from localspec.engine.calibration import calibrated_costs
-from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
+from localspec.engine.drafters.base import Chain, Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.kv import KvSequence, common_prefix, extend_together
 from localspec.engine.sampling import Sampler
 from localspec.engine.tree import DraftTree, with_alternates
@@ -86,7 +86,8 @@ class ModelDrafter(Drafter):
             kv = turn.kv
             if length <= 0 or len(context) + length > kv.n_ctx or any(c.kv is kv for c in chains):
                 continue
-            chain = _Chain(i, kv, list(context), length, sampler, turn.prepared(context))
+            chain = _Chain(index=i, kv=kv, history=list(context), length=length, sampler=sampler,
+                           logits=turn.prepared(context))
             chains.append(chain)
             if chain.logits is None:
                 keep = min(common_prefix(kv.tokens, context), len(context) - 1)
@@ -107,12 +108,12 @@ class ModelDrafter(Drafter):
                     chain.logits = row[0]
                 decodes += 1
         elapsed = time.perf_counter() - t0
-        steady = decodes > 0 and max((n for _c, n in caught_up), default=0) <= 2
+        # a draft made alone measures a token's cost (unless a long catch-up came first); one made beside
+        # others, a share of a batch's
+        steady = len(chains) == 1 and decodes > 0 and max((n for _c, n in caught_up), default=0) <= 2
         drafts = [Draft.empty() for _ in asks]
         for chain in chains:
-            drafts[chain.index] = Draft(tokens=chain.tokens, q=np.stack(chain.q) if chain.q else None,
-                                        source=self.name, seconds=elapsed,
-                                        note=elapsed / decodes if steady else None)
+            drafts[chain.index] = chain.draft(self.name, elapsed, elapsed / decodes if steady else None)
         return drafts
 
     def leaves_for(self, length: int, room: int, plan: Plan) -> int:
@@ -342,27 +343,6 @@ def with_leaves(chain: list[int], seconds: list[tuple[int, float, float]], leave
     return with_alternates(chain, alternates, q)
 
 
-@dataclasses.dataclass
-class _Chain:
-    """One request's chain as `ModelDrafter.draft_many` drafts it: the logits after its history, its tokens."""
-
-    index: int
-    kv: KvSequence
-    history: list[int]
-    length: int
-    sampler: Sampler
-    logits: np.ndarray | None
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    q: list[np.ndarray] = dataclasses.field(default_factory=list)
-
-    def next_token(self, p_min: float) -> bool:
-        """Draft one more token from the logits; whether the chain goes on (its token is then decoded)."""
-        assert self.logits is not None
-        token, confidence, q = self.sampler.draft_token(self.logits, self.history, p_min > 0)
-        if self.tokens and confidence < p_min:
-            return False  # not even this one: the draft stops where the model stops being sure
-        self.tokens.append(token)
-        self.history.append(token)
-        if q is not None:
-            self.q.append(q)
-        return len(self.tokens) < self.length and confidence >= p_min
+@dataclasses.dataclass(kw_only=True)
+class _Chain(Chain):
+    kv: KvSequence  # the request's sequence of the draft model
