@@ -102,3 +102,27 @@ def assert_sampling_keeps_the_targets_distribution(engine, target_path: Path, pr
     assert set(counts) <= set(exact)
     tv = 0.5 * sum(abs(counts.get(k, 0) / trials - v) for k, v in exact.items())
     assert tv < 0.05, tv
+
+
+def assert_two_at_once_draft_as_alone(engine, questions: tuple[str, str], drafter: str, draft_len: int = 3,
+                                      round_for_round: bool = True) -> None:
+    """Two requests decoded in the same steps (an engine of two slots) each draft with `drafter` there:
+    its state follows both sequences through the shared decodes and one step drafts for both, and each
+    answer is its answer alone. `round_for_round`: each request's drafts are also what it drafts alone
+    (a head whose every choice is a near-tie, a random EAGLE-3 or assistant file, flips some where the
+    target's states come from a batch of another shape)."""
+    from toy import submit_one
+
+    prompts = [engine.vocab.tokenize(q) for q in questions]
+    alone = [list(engine.generate(p, max_tokens=24, drafter=drafter, draft_len=draft_len)) for p in prompts]
+    together: list[list] = [[], []]
+    for prompt, events in zip(prompts, together):
+        submit_one(engine, prompt, events.append, max_tokens=24, drafter=drafter, draft_len=draft_len)
+    while engine.step():
+        pass
+    for solo, shared in zip(alone, together):
+        assert answer_tokens(shared) == answer_tokens(solo)
+        drafts = [[list(e.accepted + e.rejected) for e in events if isinstance(e, Round) and e.drafted]
+                  for events in (solo, shared)]
+        assert len(drafts[1]) > 3 and (drafts[1] == drafts[0] or not round_for_round)
+        assert any(e.shared for e in shared if isinstance(e, Round) and e.drafted)  # drafted in shared steps

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import TEST_CACHE
 from reference_drafts import (SCRIPT, assert_drafts_match, assert_greedy_answers_equal_plain,
-                              assert_sampling_keeps_the_targets_distribution, recorded)
+                              assert_sampling_keeps_the_targets_distribution, assert_two_at_once_draft_as_alone,
+                              recorded)
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.backend.assistant import Gemma4Assistant
@@ -89,6 +90,17 @@ def test_greedy_answers_equal_plain_decoding(engine):
 
 def test_sampled_answers_keep_the_targets_distribution(engine, files):
     assert_sampling_keeps_the_targets_distribution(engine, files[0], REFERENCE["prompt"], "mtp")
+
+
+def test_two_requests_at_once_draft_with_the_assistant_as_each_does_alone(files):
+    target_path, assistant_path = files
+    target = Model(target_path, ModelOptions(n_ctx=2048, n_seq=2))
+    try:
+        engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
+                        draft_cost_s=0.001, assistant=Gemma4Assistant(assistant_path, target))
+        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "mtp", round_for_round=False)
+    finally:
+        target.close()
 
 
 def test_an_assistant_for_another_target_is_refused_with_the_mismatch(files, smollm2_path):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import random_file
-from reference_drafts import SCRIPT, SCRIPTS, assert_drafts_match, recorded
+from reference_drafts import SCRIPT, SCRIPTS, assert_drafts_match, assert_two_at_once_draft_as_alone, recorded
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.backend.eagle3 import Eagle3Draft
 from localspec.engine.events import answer_tokens
@@ -99,6 +99,16 @@ def test_the_drafts_depend_on_the_context_only_not_on_how_it_was_decoded(smollm2
         np.testing.assert_allclose(in_steps, at_once, atol=1e-2 * float(np.abs(at_once).max()))
     finally:
         target.close()
+
+
+def test_two_requests_at_once_draft_with_eagle3_as_each_does_alone(smollm2_path, eagle3_gguf):
+    engine = load_files(smollm2_path, draft_path=eagle3_gguf, drafter="eagle3", calibrate=False, history="off",
+                        n_ctx=2048, slots=2)
+    try:
+        engine.drafter("eagle3").p_min = 0.0
+        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "eagle3", round_for_round=False)
+    finally:
+        engine.close()
 
 
 def test_an_eagle3_draft_for_another_target_is_refused_with_the_mismatch(eagle3_gguf, tmp_path, smollm2_path):

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import TEST_CACHE
 from reference_drafts import (SCRIPT, assert_drafts_match, assert_greedy_answers_equal_plain,
-                              assert_sampling_keeps_the_targets_distribution, recorded)
+                              assert_sampling_keeps_the_targets_distribution, assert_two_at_once_draft_as_alone,
+                              recorded)
 from localspec.engine.api import Engine, EngineOptions
 from localspec.engine.backend import Model, ModelOptions
 from localspec.engine.events import Round, answer_tokens
@@ -127,31 +128,15 @@ def test_a_follow_up_turn_drafts_as_a_fresh_start_does(engine, mtp_gguf, referen
 
 
 def test_two_requests_at_once_draft_with_the_head_as_each_does_alone(smollm2_path):
-    """Two requests decoded in the same steps on a Qwen3.5-shaped file (recurrent layers and a head) each
-    draft with the head: its cache follows both sequences through the shared decodes, so each request's
-    drafts are what it drafts alone, round for round, and its answer is its answer alone."""
-    from toy import submit_one
-
-    path = _random_file("mtp", smollm2_path)
-    target = Model(path, ModelOptions(n_ctx=2048, n_seq=2))
+    """On a Qwen3.5-shaped file (recurrent layers and a head), two requests in the same steps draft with
+    the head in one head step for both, each what it drafts alone."""
+    target = Model(_random_file("mtp", smollm2_path), ModelOptions(n_ctx=2048, n_seq=2))
     try:
         engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
                         draft_cost_s=0.001)
-        prompts = [engine.vocab.tokenize(q) for q in ("Count: one two three", "Name three colours")]
-        alone = [[e for e in engine.generate(p, max_tokens=24, drafter="mtp", draft_len=3)] for p in prompts]
-        together: list[list] = [[], []]
-        for prompt, events in zip(prompts, together):
-            submit_one(engine, prompt, events.append, max_tokens=24, drafter="mtp", draft_len=3)
-        while engine.step():
-            pass
+        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "mtp")
     finally:
         target.close()
-    for solo, shared in zip(alone, together):
-        assert answer_tokens(shared) == answer_tokens(solo)
-        drafts = [[list(e.accepted + e.rejected) for e in events if isinstance(e, Round) and e.drafted]
-                  for events in (solo, shared)]
-        assert len(drafts[1]) > 3 and drafts[1] == drafts[0]
-        assert any(e.shared for e in shared if isinstance(e, Round) and e.drafted)  # drafted in shared steps
 
 
 def drafts_before(events, end: int) -> list[list[int]]:

@@ -284,8 +284,6 @@ class ToyHead:
     def forget(self, seq: int, pos: int) -> None:
         self.forgotten.append((seq, pos))
 
-    batched = True
-
     def predict_many(self, steps) -> list[tuple[np.ndarray, np.ndarray]]:
         self.many.append([seq for seq, _token, _pos, _hidden in steps])
         return [self.predict(*step) for step in steps]

@@ -106,11 +106,9 @@ class PredictionHead(Protocol):
         """Logits for the token after `token` at `pos` (paired with `hidden`), and the head's own state."""
         ...
 
-    # whether `predict_many` steps every sequence in one decode (else one after the other)
-    batched: bool
-
     def predict_many(self, steps: Sequence[tuple[int, int, int, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`predict` for several sequences, (seq, token, pos, hidden) each, at one depth of their drafts."""
+        """`predict` for several sequences in one decode, (seq, token, pos, hidden) each, at one depth of
+        their drafts."""
         ...
 
     def forget(self, seq: int, pos: int) -> None:

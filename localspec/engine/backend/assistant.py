@@ -17,7 +17,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.beside import BesideTarget, StepsOneByOne
+from localspec.engine.backend.beside import BesideTarget
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.mtp import record_hidden
 from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
@@ -26,7 +26,7 @@ from localspec.errors import LocalspecError, ModelFileError
 ARCHITECTURE = "gemma4-assistant"
 
 
-class Gemma4Assistant(StepsOneByOne, BesideTarget):
+class Gemma4Assistant(BesideTarget):
     """A Gemma 4 assistant GGUF in a context beside its Gemma 4 target's, reading the target's cache and
     hidden states. The `mtp` drafter drafts with it (given to the engine as `assistant`), as llama.cpp's
     `draft-mtp` does."""
@@ -98,17 +98,23 @@ class Gemma4Assistant(StepsOneByOne, BesideTarget):
         """The assistant's logits for the token after `token` (paired with `hidden`), and its state for the
         next step. A draft's first step is at the pending token's position `pos`; every later one (at
         pos + k) is run at that same position, as the assistant was trained."""
-        start = self._drafts.get(seq)
-        if start is None or pos <= start:
-            start = self._drafts[seq] = pos
+        return self.predict_many([(seq, token, pos, hidden)])[0]
+
+    def predict_many(self, steps: Sequence[tuple[int, int, int, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict` for several sequences in one decode, (seq, token, pos, hidden) each."""
         L.llama_batch_ext_clear(self._batch)
-        keep = add_token(self._batch, seq, token, start, hidden, output=True)
+        keep = []
+        for seq, token, pos, hidden in steps:
+            start = self._drafts.get(seq)
+            if start is None or pos <= start:
+                start = self._drafts[seq] = pos
+            keep.append(add_token(self._batch, seq, token, start, hidden, output=True))
         rc = L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         del keep
         if rc != 0:
             raise LocalspecError(f"The Gemma 4 assistant failed to draft (llama_process returned {rc}).")
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, 0), shape=(self.n_vocab,)).copy()
-        return logits, rows(CALLS["get_embeddings_nextn_ith"](self._ctx, 0), 1, self.n_embd)[0]
+        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
+                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in range(len(steps))]
 
     def forget(self, seq: int, pos: int) -> None:
         """The draft is over (it wrote nothing: the cache is the target's)."""

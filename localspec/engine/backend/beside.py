@@ -6,10 +6,8 @@ their context is made."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp as L
-import numpy as np
 
 from localspec.engine.backend.gguf import _load_model, _Metadata
 from localspec.engine.backend.llama import Model
@@ -72,14 +70,3 @@ class BesideTarget(_Metadata):
             L.llama_model_free(self._model)
             self._model = None
 
-
-class StepsOneByOne:
-    """A head that steps one sequence a decode: `predict_many` is `predict` for each in turn."""
-
-    batched = False
-
-    def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
-
-    def predict_many(self, steps: Sequence[tuple[int, int, int, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [self.predict(*step) for step in steps]

@@ -19,7 +19,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.beside import BesideTarget, StepsOneByOne
+from localspec.engine.backend.beside import BesideTarget
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
 from localspec.engine.backend.system import problems_mark, problems_since
@@ -28,7 +28,7 @@ from localspec.errors import LocalspecError, ModelFileError
 ENCODER_CHUNK = 64  # positions the encoder fuses per call (its outputs are rows of the draft's width)
 
 
-class Eagle3Draft(StepsOneByOne, BesideTarget):
+class Eagle3Draft(BesideTarget):
     """An EAGLE-3 GGUF in a context beside a target `Model`'s, its cache following the target's
     sequence by sequence. The target's token embeddings and output head are used where the file has
     none of its own (llama.cpp's `ctx_other`)."""
@@ -143,16 +143,23 @@ class Eagle3Draft(StepsOneByOne, BesideTarget):
     def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The draft's logits for the token after `token` (at `pos`, paired with `hidden`, the state of
         the position before), and its pre-norm state, for the next step. Writes position pos - 1."""
-        L.llama_memory_seq_rm(self._memory, seq, pos - 1, -1)
+        return self.predict_many([(seq, token, pos, hidden)])[0]
+
+    def predict_many(self, steps: Sequence[tuple[int, int, int, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict` for several sequences in one decode, (seq, token, pos, hidden) each."""
         L.llama_batch_ext_clear(self._batch)
-        keep = add_token(self._batch, seq, token, pos - 1, hidden, output=True)
+        keep = []
+        for seq, token, pos, hidden in steps:
+            L.llama_memory_seq_rm(self._memory, seq, pos - 1, -1)
+            keep.append(add_token(self._batch, seq, token, pos - 1, hidden, output=True))
         rc = L.llama_process(self._ctx, L.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         del keep
         if rc != 0:
             raise LocalspecError(f"The EAGLE-3 draft failed to draft (llama_process returned {rc}).")
-        self._held[seq] = pos
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, 0), shape=(self.n_vocab,)).copy()
-        return logits, rows(CALLS["get_embeddings_nextn_ith"](self._ctx, 0), 1, self.n_embd)[0]
+        for seq, _token, pos, _hidden in steps:
+            self._held[seq] = pos
+        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
+                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in range(len(steps))]
 
     def forget(self, seq: int, pos: int) -> None:
         """Drop the draft's positions from `pos` on; the pair at pos - 1 (the pending token's) stays."""

@@ -121,8 +121,6 @@ class MtpHead:
 
     # ------------------------------------------------------------------ drafting
 
-    batched = True  # `predict_many` steps every sequence in one decode
-
     def predict(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The head's logits for the token after `token` at `pos` (paired with `hidden`, the state before
         it), and its own hidden state there, for the next step. Writes position `pos` of its cache; with

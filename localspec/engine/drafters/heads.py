@@ -71,10 +71,7 @@ class HeadDrafter(Drafter):
         return float(np.median(times[1:]))  # the first step sets up the head's graph
 
     drafts_together = True  # (its cache follows every target decode, shared ones too)
-
-    @property
-    def batched(self) -> bool:  # type: ignore[override]  # (the head's: one decode for every sequence, or each in turn)
-        return self.head.batched
+    batched = True  # (PredictionHead.predict_many: one decode for every sequence's step)
 
     def token_s(self) -> float:
         return self.cost.per_token_s
