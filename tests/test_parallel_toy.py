@@ -632,6 +632,25 @@ def test_forced_draft_lengths_in_a_shared_step_stay_within_one_decodes_logits():
     assert any(sum(n for _seq, _start, n in step) > 64 - 4 for step in target.steps if len(step) == 4)
 
 
+def _two_at_once_each_drafting(engine, target, drafter: str) -> set[int]:
+    """Two requests submitted at once, each asking for `drafter`, stepped until both end: each answer
+    keeps tokens `drafter` drafted and is its solo answer (greedy). Returns their sequences, after
+    checking that a step verified drafts of both."""
+    answers: list[list] = [[], []]
+    lanes = [submit_one(engine, prompt, answer.append, max_tokens=40, drafter=drafter)
+             for prompt, answer in zip((PROMPT, CHAT), answers)]
+    while engine.step():
+        pass
+    for prompt, answer in zip((PROMPT, CHAT), answers):
+        summary = answer[-1]
+        assert isinstance(summary, Summary) and summary.generated_tokens == 40
+        assert summary.drafted_by_drafter.get(drafter, 0) > 0 and summary.accepted_by_drafter.get(drafter, 0) > 0
+        assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
+    both = {lane.kv.seq for lane in lanes}
+    assert any({seq for seq, _s, _n in step} == both and all(n > 1 for _seq, _s, n in step) for step in target.steps)
+    return both
+
+
 def test_requests_decoded_together_each_draft_with_the_draft_model_one_decode_per_drafted_token():
     """Two requests at once, each asking for the draft model: the shared steps verify both sequences'
     model drafts, made together (each draft-model decode after the catch-up holds both sequences, one
@@ -641,21 +660,8 @@ def test_requests_decoded_together_each_draft_with_the_draft_model_one_decode_pe
     draft = ToyModel(seed=3, noise_seed=103, noise=1.5, n_seq=2)
     engine = Engine(target, draft, EngineOptions(drafter="auto", learn_costs=False), cost=CostModel(dict(COST)),
                     draft_cost_s=0.01)
-    answers: list[list] = [[], []]
-    lanes = [submit_one(engine, prompt, answer.append, max_tokens=40, drafter="model")
-             for prompt, answer in zip((PROMPT, CHAT), answers)]
-    while engine.step():
-        pass
-    for prompt, answer in zip((PROMPT, CHAT), answers):
-        summary = answer[-1]
-        assert isinstance(summary, Summary) and summary.generated_tokens == 40
-        assert summary.drafted_by_drafter.get("model", 0) > 0 and summary.accepted_by_drafter.get("model", 0) > 0
-        assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
-    both = {lane.kv.seq for lane in lanes}
-    verified_together = [step for step in target.steps if {seq for seq, _s, _n in step} == both
-                         and all(n > 1 for _seq, _s, n in step)]
-    drafted_together = [step for step in draft.steps if len(step) == 2 and all(n == 1 for _seq, _s, n in step)]
-    assert verified_together and drafted_together
+    _two_at_once_each_drafting(engine, target, "model")
+    assert any(len(step) == 2 and all(n == 1 for _seq, _s, n in step) for step in draft.steps)
     assert all(len({seq for seq, _s, _n in step}) == len(step) for step in draft.steps)
 
 
@@ -668,15 +674,33 @@ def test_requests_decoded_together_each_draft_with_the_targets_head():
     target.mtp = ToyHead(target, ToyModel(seed=3, noise_seed=11, noise=1.5))
     engine = Engine(target, None, EngineOptions(drafter="mtp", learn_costs=False, history_drafts=False),
                     cost=CostModel(dict(COST)), draft_cost_s=0.01)
-    answers: list[list] = [[], []]
-    lanes = [submit_one(engine, prompt, answer.append, max_tokens=40) for prompt, answer in zip((PROMPT, CHAT), answers)]
-    while engine.step():
-        pass
-    for prompt, answer in zip((PROMPT, CHAT), answers):
-        summary = answer[-1]
-        assert isinstance(summary, Summary) and summary.generated_tokens == 40
-        assert summary.drafted_by_drafter.get("mtp", 0) > 0 and summary.accepted_by_drafter.get("mtp", 0) > 0
-        assert answer_tokens(answer) == _solo(prompt, GREEDY[0], 40)
-    both = {lane.kv.seq for lane in lanes}
-    assert any({seq for seq, _s, _n in step} == both and all(n > 1 for _seq, _s, n in step) for step in target.steps)
+    both = _two_at_once_each_drafting(engine, target, "mtp")
     assert any(sorted(seqs) == sorted(both) for seqs in target.mtp.many)  # one head step for both chains
+
+
+def test_the_draft_model_drafts_for_several_requests_what_it_drafts_for_each_alone():
+    """`ModelDrafter.draft_many`: two requests' chains, one far behind its context (more than a batch:
+    evaluated in chunks of its own) and one a token behind, are each the chain drafted for it alone,
+    and every decode after the catch-up holds both."""
+    from localspec.engine.drafters.base import Plan
+    from localspec.engine.drafters.model import ModelDrafter
+    from localspec.engine.sampling import Sampler
+
+    def drafter(n_batch: int) -> tuple[ModelDrafter, ToyModel]:
+        model = ToyModel(seed=3, noise_seed=103, noise=1.5, n_seq=2)
+        model.n_batch = n_batch
+        return ModelDrafter(model, p_min=0.0, per_token_s=0.01), model
+
+    plan = Plan(cost=CostModel(dict(COST)))
+    far = PROMPT + [5, 9, 11, 13] * 4
+    near = CHAT + [20, 21]
+    together, model = drafter(8)
+    turns = [together.begin(p, plan) for p in (PROMPT, CHAT)]
+    turns[1].kv.sync(near[:-1])  # (a token behind)
+    drafts = together.draft_many([(turns[0], far, 4, Sampler(SamplingSettings())),
+                                  (turns[1], near, 4, Sampler(SamplingSettings()))])
+    for context, draft in zip((far, near), drafts):
+        alone, _ = drafter(512)
+        assert draft.tokens == alone.begin(context, plan).propose(context, 4, Sampler(SamplingSettings())).tokens
+        assert len(draft.tokens) == 4
+    assert sum(len(step) == 2 and all(n == 1 for _seq, _s, n in step) for step in model.steps) == 3

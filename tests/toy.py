@@ -161,6 +161,7 @@ class ToyModel:
         """One call for several sequences (llama.cpp's batch of several seq ids); `steps` records each
         call's (seq, start, n) parts, so tests see which positions were evaluated together."""
         assert sum(outputs for *_rest, outputs in parts) <= 64, "more logits rows than llama.cpp's context gives"
+        assert sum(len(tokens) for _seq, tokens, _start, _outputs in parts) <= self.n_batch, "more than a batch"
         self.steps.append([(seq, start, len(tokens)) for seq, tokens, start, _outputs in parts])
         return [self.decode(list(tokens), start, list(range(len(tokens) - outputs, len(tokens))), seq=seq)
                 for seq, tokens, start, outputs in parts]

@@ -40,7 +40,7 @@ import numpy as np
 
 from localspec.engine.adaptive import CostModel, expected_tokens, shared_lengths
 from localspec.engine.answer import Answer
-from localspec.engine.drafters import Draft, Drafter, Turn
+from localspec.engine.drafters import Draft, Drafter
 from localspec.engine.events import Event, Prefill
 from localspec.engine.kv import KvSequence, extend_together
 from localspec.engine.planner import Planner, SharedOffer
@@ -247,11 +247,9 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
             room -= offer.length
     planner = lanes[next(iter(offered))].planner
     assert planner is not None
-    none = SharedOffer("none", Turn(), 0, [])
-    priced = [offered.get(i, none) for i in range(len(lanes))]
-    lengths = shared_lengths(planner.cost, [o.chances for o in priced], chunks, room,
-                             trust=planner.drafting.promises.trust, queued=planner.drafting.queued(),
-                             drafting_s=lambda ks: _drafting_s(priced, ks, planner.cost))
+    lengths = shared_lengths(planner.cost, [offered[i].chances if i in offered else [] for i in range(len(lanes))],
+                             chunks, room, trust=planner.drafting.promises.trust, queued=planner.drafting.queued(),
+                             drafting_s=lambda ks: _drafting_s(offered, ks, planner.cost))
     for i, offer in offered.items():
         if offer.chances:
             offer.length = lengths[i]
@@ -267,35 +265,36 @@ def _drafts(lanes: list[Lane], chunks: list[int]) -> tuple[dict[int, Proposal], 
     return proposals, promised
 
 
-def _drafting_s(offers: list[SharedOffer], lengths: Sequence[int], cost: CostModel) -> float:
-    """Seconds the drafters would take to draft these lengths of these offers (lookups: none); a decode
-    of several rows priced as the target's verify costs scale with rows (the draft model's own are
-    measured for one row only)."""
-    drafters: dict[int, tuple[Drafter, list[int]]] = {}
-    for offer, k in zip(offers, lengths):
-        if offer.drafter is not None and offer.draft is None and k > 0:
-            drafters.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(k)
+def _drafting_s(offered: dict[int, SharedOffer], lengths: Sequence[int], cost: CostModel) -> float:
+    """Seconds the drafters would take to draft these lengths (by lane) of these offers (lookups: none);
+    a decode of several rows priced as the target's verify costs scale with rows (the draft model's own
+    are measured for one row only)."""
     def rows_cost(rows: int) -> float:
         return cost.verify(rows) / cost.verify(1)
 
-    return sum(drafter.drafting_s(ks, rows_cost) for drafter, ks in drafters.values())
+    return sum(drafter.drafting_s([lengths[i] for i in which], rows_cost)
+               for drafter, which in _by_drafter(offered, lengths))
+
+
+def _by_drafter(offered: dict[int, SharedOffer], lengths: Sequence[int]) -> list[tuple[Drafter, list[int]]]:
+    """The offers their drafter makes once the step has chosen the lengths, each drafter with the lanes
+    it drafts for (those given a length)."""
+    asks: dict[int, tuple[Drafter, list[int]]] = {}
+    for i, offer in offered.items():
+        if offer.drafter is not None and offer.draft is None and lengths[i] > 0:
+            asks.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(i)
+    return list(asks.values())
 
 
 def _made(lanes: list[Lane], offered: dict[int, SharedOffer]) -> dict[int, Draft]:
     """Each offer's draft at its chosen length: a lookup's proposal cut to it; a drafter's made by it
     for all its lanes at once (`Drafter.draft_many`)."""
-    drafts: dict[int, Draft] = {}
-    asks: dict[int, tuple[Drafter, list[int]]] = {}
-    for i, offer in offered.items():
-        if offer.draft is not None:
-            drafts[i] = dataclasses.replace(offer.draft, tokens=offer.draft.tokens[:offer.length], tree=None)
-        elif offer.drafter is not None and offer.length > 0:
-            asks.setdefault(id(offer.drafter), (offer.drafter, []))[1].append(i)
-        else:
-            drafts[i] = Draft.empty()
-    for drafter, which in asks.values():
-        made = drafter.draft_many([(offered[i].turn, lanes[i].context, offered[i].length, lanes[i].sampler)
-                                   for i in which])
+    lengths = [offered[i].length if i in offered else 0 for i in range(len(lanes))]
+    drafts = {i: Draft.empty() if offer.draft is None
+              else dataclasses.replace(offer.draft, tokens=offer.draft.tokens[:offer.length], tree=None)
+              for i, offer in offered.items()}
+    for drafter, which in _by_drafter(offered, lengths):
+        made = drafter.draft_many([(offered[i].turn, lanes[i].context, lengths[i], lanes[i].sampler) for i in which])
         drafts.update(zip(which, made))
     return drafts
 

@@ -94,11 +94,19 @@ class ModelDrafter(Drafter):
                 kv.rewind(keep)
                 caught_up.append((chain, len(context) - keep))
         decodes = 0
-        if caught_up:
-            rows = extend_together([(c.kv, c.history[len(c.kv.tokens):], 1) for c, _n in caught_up])
-            for (chain, _n), row in zip(caught_up, rows):
+        together, room = [], self.sequences[0].model.n_batch
+        for chain, behind in caught_up:
+            if behind <= room:
+                together.append(chain)
+                room -= behind
+            else:  # (more than one decode holds: a prompt the draft model never saw, evaluated in chunks)
+                chain.logits = chain.kv.sync(chain.history)
+                decodes += 1
+        if together:
+            rows = extend_together([(c.kv, c.history[len(c.kv.tokens):], 1) for c in together])
+            for chain, row in zip(together, rows):
                 chain.logits = row[0]
-            decodes = 1
+            decodes += 1
         going = chains
         while going:
             going = [c for c in going if c.next_token(self.p_min)]
