@@ -8,7 +8,6 @@ follow-up start from the previous prompt's end."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from localspec.bench.estimate import head_estimate
 from localspec.bench.report import SLOWER, draft_costs, markdown, meta, slower_prompts, summarize, to_json
 from localspec.bench.runner import DRAFTERS, bench, bench_sessions
-from localspec.bench.suites import SESSIONS, load_sessions, load_suites
+from localspec.bench.suites import load_sessions, load_suites
 from localspec.errors import LocalspecError
 from localspec.units import human_bytes
 
