@@ -26,9 +26,10 @@ from localspec.engine.events import Summary
 from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.session import MAX_IMAGE_BYTES
 from localspec.tui.conversations import Conversations, LoadedModel
+from localspec.tui.panel import StatsPanel
 from localspec.tui.screens import AttachScreen, ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
-from localspec.tui.widgets import (FRAME_S, AssistantMessage, ChatLog, ConversationList, PromptInput, StatsPanel,
-                                   SummaryLine, image_chips)
+from localspec.tui.widgets import (FRAME_S, AssistantMessage, ChatLog, ConversationList, PromptInput, SummaryLine,
+                                   image_chips)
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 SAVE_EVERY_S = 1.0  # a streaming answer is saved this often: what a crash can lose

@@ -18,7 +18,7 @@ from localspec.engine.events import Summary
 from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.errors import LocalspecError
 from localspec.tui import spans as sp
-from localspec.tui.widgets import kept_by_drafter, position_bars
+from localspec.tui.panel import kept_by_drafter, position_bars
 from localspec.units import human_bytes
 
 KEYS = [
