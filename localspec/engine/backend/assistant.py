@@ -20,7 +20,7 @@ import numpy as np
 from localspec.engine.backend.beside import BesideTarget
 from localspec.engine.backend.llama import Model
 from localspec.engine.backend.mtp import record_hidden
-from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
+from localspec.engine.backend.staging import LastRows, add_token, hidden_states, predictions
 from localspec.errors import LocalspecError, ModelFileError
 
 ARCHITECTURE = "gemma4-assistant"
@@ -113,8 +113,7 @@ class Gemma4Assistant(BesideTarget):
         del keep
         if rc != 0:
             raise LocalspecError(f"The Gemma 4 assistant failed to draft (llama_process returned {rc}).")
-        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
-                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in range(len(steps))]
+        return predictions(self._ctx, range(len(steps)), self.n_vocab, self.n_embd)
 
     def forget(self, seq: int, pos: int) -> None:
         """The draft is over (it wrote nothing: the cache is the target's)."""

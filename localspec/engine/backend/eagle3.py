@@ -21,7 +21,7 @@ import numpy as np
 
 from localspec.engine.backend.beside import BesideTarget
 from localspec.engine.backend.llama import Model
-from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, rows
+from localspec.engine.backend.staging import CALLS, LastRows, add_state, add_token, predictions, rows
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError, ModelFileError
 
@@ -158,8 +158,7 @@ class Eagle3Draft(BesideTarget):
             raise LocalspecError(f"The EAGLE-3 draft failed to draft (llama_process returned {rc}).")
         for seq, _token, pos, _hidden in steps:
             self._held[seq] = pos
-        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
-                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in range(len(steps))]
+        return predictions(self._ctx, range(len(steps)), self.n_vocab, self.n_embd)
 
     def forget(self, seq: int, pos: int) -> None:
         """Drop the draft's positions from `pos` on; the pair at pos - 1 (the pending token's) stays."""

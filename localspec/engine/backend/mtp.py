@@ -25,7 +25,7 @@ from typing import Sequence
 import llama_cpp as L
 import numpy as np
 
-from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, rows
+from localspec.engine.backend.staging import CALLS, LastRows, add_token, hidden_states, predictions
 from localspec.errors import LocalspecError
 
 
@@ -156,8 +156,7 @@ class MtpHead:
         del keep
         if rc != 0:
             raise LocalspecError(f"The MTP head failed to draft (llama_process returned {rc}).")
-        return [(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy(),
-                 rows(CALLS["get_embeddings_nextn_ith"](self._ctx, i), 1, self.n_embd)[0]) for i in outputs]
+        return predictions(self._ctx, outputs, self.n_vocab, self.n_embd)
 
     def forget(self, seq: int, pos: int) -> None:
         """Drop the head's cache from `pos` on (its draft positions): the target's verify decode writes

@@ -124,6 +124,13 @@ def hidden_states(ctx, indices: Sequence[int], width: int) -> np.ndarray:
     return out
 
 
+def predictions(ctx, indices: Sequence[int], n_vocab: int, width: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What a head's decode gave at these rows of its batch: the logits, and the head's own state there
+    (for its next step)."""
+    return [(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy(),
+             hidden_states(ctx, [i], width)[0]) for i in indices]
+
+
 def add_token(batch, seq: int, token: int, pos: int, state: np.ndarray, output: bool) -> np.ndarray:
     """A token at `pos` of `seq`, with a state row beside its embedding; returns the row, which must
     outlive the `llama_process` call that reads it."""

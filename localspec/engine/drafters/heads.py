@@ -77,8 +77,8 @@ class HeadDrafter(Drafter):
         return self.cost.per_token_s
 
     def draft_many(self, asks: Sequence[tuple[Turn, Sequence[int], int, Sampler]]) -> list[Draft]:
-        """Chains for several requests at once, each from its pending token and the trunk's state before
-        it, as `HeadTurn.draft`'s: one head step per draft position holding every chain still going
+        """Chains for one request (`HeadTurn.draft`) or several at once, each from its pending token and the
+        trunk's state before it: one head step per draft position holding every chain still going
         (`PredictionHead.predict_many`), the draft positions dropped again after."""
         t0 = time.perf_counter()
         chains: list[_Chain] = []
@@ -160,33 +160,7 @@ class HeadTurn(Turn):
         return Offer(1, rate) if k > 0 else None
 
     def draft(self, context: Sequence[int], length: int, sampler: Sampler) -> Draft:
-        if length <= 0 or not self._following(context):
-            return Draft.empty()
-        assert self.kv is not None
-        head, seq, p_min = self.drafter.head, self.kv.seq, self.drafter.p_min
-        t0 = time.perf_counter()
-        pos = len(context) - 1  # the pending token's
-        token, hidden = context[-1], head.hidden_at(seq, pos - 1)
-        history = list(context)
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        try:
-            while len(tokens) < length:
-                logits, hidden = head.predict(seq, token, pos + len(tokens), hidden)
-                token, confidence, q = sampler.draft_token(logits, history, p_min > 0)
-                if q is not None:
-                    rows.append(q)
-                if tokens and confidence < p_min:
-                    break  # the head is not sure of this one: the draft stops before it
-                tokens.append(token)
-                history.append(token)
-                if confidence < p_min:
-                    break
-        finally:
-            head.forget(seq, pos)
-        seconds = time.perf_counter() - t0
-        return Draft(tokens=tokens, q=np.stack(rows[:len(tokens)]) if rows else None, source=self.drafter.name,
-                     seconds=seconds, note=seconds / len(tokens) if tokens else None)
+        return self.drafter.draft_many([(self, context, length, sampler)])[0]
 
     def observe(self, draft: Draft, accepted: int, token: int | None) -> None:
         self.acceptance.observe(len(draft.tokens), accepted)
