@@ -155,17 +155,19 @@ def record_draft(entry: str, recorded: str) -> None:
 
 
 def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
-           plan_on_truth: bool = False) -> dict[str, list[float]]:
+           plan_on_truth: bool = False, bounded: bool = True) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
     round's chain grown into a tree within that much more than the chain's verify cost (replay_trees).
     `one_position`: rounds of one position cost that share of the recorded table's (the table's bias that
     `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
-    one with `plan_on_truth`."""
+    one with `plan_on_truth`. `bounded` False: without the bound on what a request's drafts may lose
+    (engine/loss_bound.py)."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
     copies = CopyDrafter(control.__contains__, OpeningDrafter())
-    drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False)
+    drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False,
+                        loss_bound=bounded)
     price = CostModel(dict(truth))
     speedups: dict[str, list[float]] = {}
     for item in data["answers"]:
@@ -312,6 +314,8 @@ def main() -> None:
     rep.add_argument("--oracle", action="store_true", help="also print the perfect-knowledge bound")
     rep.add_argument("--age-bound", action="store_true", help="also print the best fixed draft length per copy "
                      "age class, chosen with hindsight: a yardstick for pricing copies by age")
+    rep.add_argument("--unbounded", action="store_true", help="also replay the planner without the bound on "
+                     "what a request's drafts may lose (engine/loss_bound.py)")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     rep.add_argument("--report", action="store_true", help="per suite and for all answers: the median with a "
                      "90%% bootstrap interval, the worst prompt and how many fall below 0.95x")
@@ -349,6 +353,7 @@ def main() -> None:
     one = float(data["verify_s"]["1"])
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    runs += [("unbounded", replay(data, bounded=False))] if args.unbounded else []
     runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
     if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
         runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),

@@ -8,6 +8,7 @@ import pytest
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.api import Engine, EngineOptions
+from localspec.engine.drafters import Draft, Drafter, Offer
 from localspec.engine.events import Prefill, Round, Summary
 from localspec.engine.events import answer_tokens as _tokens
 from localspec.engine.sampling import SamplingSettings
@@ -616,7 +617,7 @@ def test_a_copy_is_priced_by_what_copies_of_its_age_did():
 
     cost = CostModel({1: 1.0, 2: 1.9, 4: 3.2, 8: 5.0, 16: 6.0})  # the shape of a CPU with AVX-512
     source = list(range(100, 140))
-    drafting = Drafting(cost, [CopyDrafter()], learn_costs=False)
+    drafting = Drafting(cost, [CopyDrafter()], learn_costs=False, loss_bound=False)  # (the prices alone)
     planner = drafting.planner(source, "ngram")
     young = planner.draft(source + [100, 101, 102], room=100, sampler=None)
     assert young.tokens == []                                 # age 3: kept 75% then 85%..., not worth a batch
@@ -1039,3 +1040,41 @@ def test_settings_are_kept_as_asked_but_for_what_means_nothing():
     assert params.stop == ("\n\n",)                        # an empty stop string would end every answer at once
     assert (params.drafter, params.draft_max) == ("none", None)  # a longest draft of 0: Ollama's "off"
     assert GenerationParams(drafter="model", draft_max=3).drafter == "model"
+
+
+STEEP = {1: 1.0, 2: 1.9, 3: 2.4, 4: 3.0, 6: 4.6, 8: 7.2, 12: 7.6, 16: 8.1}  # a CPU where verifying is steep
+
+
+class BrokenCopies(Drafter):
+    """A copy source the planner believes in (fifteen tokens, each all but certain) that is wrong from its
+    first token every time: the worst a lookup can be."""
+
+    name = "ngram"
+
+    def offer(self, context, room, plan):
+        tokens = [999] * min(15, room)
+        return Offer(len(tokens), 1e9, Draft(tokens=tokens, source=self.name), [0.99] * len(tokens))
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_copies_that_always_break_cost_at_most_the_bound_over_plain(bounded):
+    """Bounded (engine/loss_bound.py), an answer whose every draft is wrong takes at most LOSS_SHARE of its
+    plain time over plain decoding plus START_TOKENS plain tokens at a steep CPU's verify costs; without
+    the bound the same bets cost several times plain."""
+    from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS
+
+    cost = CostModel(dict(STEEP))
+    engine = Engine(ToyModel(n_vocab=1000, seed=6), None, EngineOptions(drafter="auto", learn_costs=False), cost=cost)
+    engine.drafting.drafters = [BrokenCopies()]
+    engine.drafting.loss_bound = bounded
+    events = list(engine.generate([0, 5, 9, 11], max_tokens=150))
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert _tokens(events) == _plain([0, 5, 9, 11], 150, model=ToyModel(n_vocab=1000, seed=6))
+    assert sum(1 for r in rounds if r.rejected) > 1  # it bet, and lost, more than once
+    priced_s = sum(cost.verify(1 + len(r.accepted) + len(r.rejected)) for r in rounds)
+    plain_s = len(_tokens(events)) * cost.verify(1)
+    assert (priced_s <= (1 + LOSS_SHARE) * plain_s + START_TOKENS * cost.verify(1)) == bounded
+    if bounded:  # its first bet, before anything broke: as long as START_TOKENS allows (4 positions here)
+        assert next(len(r.rejected) for r in rounds if r.rejected) == 3
+    else:
+        assert priced_s > 3 * plain_s

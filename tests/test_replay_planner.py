@@ -103,3 +103,19 @@ def test_a_two_wide_model_tree_keeps_the_runner_up_where_its_chain_breaks(replay
     gpu = replay_trees.model_drafts(data, draft_ratio=0.1)
     assert gpu["model tree"]["edit"][0] > gpu["model chain"]["edit"][0]
     assert priced["model tree"]["edit"][0] < priced["model chain"]["edit"][0]
+
+
+def test_copies_that_break_every_few_tokens_stay_within_the_bound_of_plain(replay_planner):
+    """On a steep CPU's verify costs, an answer that copies its prompt nine tokens at a time, each piece
+    from somewhere else, loses long bets again and again unbounded; bounded (engine/loss_bound.py) it
+    stays within LOSS_SHARE and START_TOKENS of plain decoding."""
+    from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS
+
+    source, answer, at = list(range(10, 50)), [], 0
+    while len(answer) < 60:
+        answer += source[at:at + 9] + [700 + len(answer)]
+        at = (at + 12) % 30
+    data = recording(answer)
+    data["verify_s"] = {"1": 1.0, "2": 1.9, "3": 2.4, "4": 3.0, "6": 4.6, "8": 7.2, "12": 7.6, "16": 8.1}
+    assert replay_planner.replay(data, bounded=False)["edit"][0] < 0.8
+    assert replay_planner.replay(data)["edit"][0] >= 1 / (1 + LOSS_SHARE + START_TOKENS / len(answer))

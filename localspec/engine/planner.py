@@ -10,6 +10,7 @@ A round alone takes `Planner.draft`; a step shared with other requests takes `Pl
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -17,6 +18,7 @@ from localspec.engine.adaptive import CostModel, Promises, expected_tokens
 from localspec.engine.constraint import Constraint
 from localspec.engine.drafters import Draft, Drafter, Offer, Plan, Turn, text_only
 from localspec.engine.kv import KvSequence
+from localspec.engine.loss_bound import LossBound
 from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.sampling import Sampler
 
@@ -71,6 +73,7 @@ class Drafting:
     probing: Probing = field(default_factory=Probing)
     promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
     queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
+    loss_bound: bool = True  # each request's drafts within what it may still lose (engine/loss_bound.py)
 
     def drafter(self, name: str) -> Drafter | None:
         return next((d for d in self.drafters if d.name == name), None)
@@ -109,6 +112,8 @@ class Planner:
         # Answer tokens the request may still produce: its answer counts them (Core.add binds
         # Answer.remaining); a planner outside the core prices by its plan's whole budget.
         self.remaining: Callable[[], int] = lambda: plan.budget
+        # What its drafting rounds may still lose (engine/loss_bound.py); unbounded: drafts priced alone.
+        self.bound = LossBound() if drafting.loss_bound else LossBound(start_tokens=math.inf)
 
     @property
     def mode(self) -> str:
@@ -158,17 +163,20 @@ class Planner:
             return Draft.empty()
         plan = dataclasses.replace(self.base, budget=self.budget, grammar=grammar)
         probing = self.drafting.probing
-        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
         for key in probing.since_tried:
             probing.since_tried[key] += 1
-        viable = [(n, t, o) for n, t, o in offers if o.length > 0 and o.length >= self.base.shortest]
-        if viable:
-            name, turn, offer = max(viable, key=lambda choice: choice[2].rate)
+        stake = room if self.fixed_len is not None else self.bound.longest(self.cost, room)
+        choice = self._best_offer(context, room, plan)
+        if choice is not None and choice[2].length > stake and not (choice[2].draft is not None
+                                                                     and choice[2].draft.exact):
+            choice = self._best_offer(context, stake, plan) if stake >= max(self.base.shortest, 1) else None
+        if choice is not None:
+            name, turn, offer = choice
             probing.wait = probing.every
             if self._plain_probe(len(context), offer):
                 return Draft.empty()
         else:
-            probe = self._probe(context, plan) if self.base.shortest <= 1 else None
+            probe = self._probe(context, plan) if self.base.shortest <= 1 and stake > 0 else None
             if probe is None:
                 return Draft.empty()
             name, turn, offer = probe
@@ -177,6 +185,12 @@ class Planner:
             return offer.draft
         probing.since_tried[name] = 0
         return turn.draft(context, offer.length, sampler)
+
+    def _best_offer(self, context: list[int], room: int, plan: Plan) -> tuple[str, Turn, Offer] | None:
+        """The offer promising the most tokens a second among those worth drafting within `room`."""
+        offers = [(n, t, o) for n, t in self.active if (o := t.offer(context, room, plan)) is not None]
+        viable = [(n, t, o) for n, t, o in offers if o.length > 0 and o.length >= self.base.shortest]
+        return max(viable, key=lambda choice: choice[2].rate) if viable else None
 
     def shared_offer(self, context: list[int], room: int, grammar: Constraint | None = None) -> "SharedOffer | None":
         """For a step shared with other requests: the offer with the most expected tokens and the chance
@@ -252,6 +266,10 @@ class Planner:
         not what `batch_n` positions of one sequence cost)."""
         if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
+        one = self.cost.verify(1)
+        self.bound.produced(accepted + 1, one)
+        if learn_cost and draft.tokens and not draft.exact:  # (at the steady price: a shape's change is priced apart)
+            self.bound.drafted(accepted + 1, self.cost.verify(batch_n) + draft.seconds, one)
         self.cost.decoded(batch_n if learn_cost else 0)  # (a shared step's batch: another shape)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)
