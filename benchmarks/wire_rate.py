@@ -8,12 +8,19 @@ interval of that median (a 1% difference needs 30+ pairs on a small machine).
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/wire_rate.py --pairs 40 [--json out.json]
     LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults --pairs 30
+    LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults \
+        --prompts ~/corpus/heldout-edit.yaml,~/corpus/heldout-rewrite.yaml,~/corpus/heldout-explain.yaml --pairs 12
+
+`--prompts`: suites of prompts (YAML files, as `localspec bench --suite` reads them), each prompt asked
+once (one pair), `--pairs` of each suite, the suites interleaved; each suite's median and worst prompt.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -40,15 +47,19 @@ def main() -> None:
     ap.add_argument("--serve-defaults", action="store_true",
                     help="localspec serve as a user starts it (4 slots sharing 16k, history drafts on, its history "
                          "empty at the start) rather than 1 slot of 4096 without history; no question is asked twice")
+    ap.add_argument("--prompts", default=None, help="YAML prompt files, comma-separated: each suite's first "
+                    "--pairs prompts, each asked once, instead of the chat questions")
     ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. --no-repack)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if llama_server() is None:  # (checked before localspec's server starts)
         raise SystemExit("llama-server is not on PATH and LLAMA_SERVER does not name it")
     ours_port, theirs_port = free_port(), free_port()
+    asked = suites(args.prompts, args.pairs) if args.prompts else None
     questions = QUESTIONS + MORE_QUESTIONS if args.serve_defaults else QUESTIONS
-    if args.serve_defaults and args.pairs + 1 > len(questions):
+    if args.serve_defaults and not asked and args.pairs + 1 > len(questions):
         raise SystemExit(f"--serve-defaults asks each question once: at most {len(questions) - 1} pairs")
+    asked = asked or [("chat", f"q{i % len(questions) + 1}", questions[i % len(questions)]) for i in range(args.pairs)]
     urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
     rows = []
     ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
@@ -57,11 +68,11 @@ def main() -> None:
         theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
         for name in urls:  # a first answer each, not counted (loads, first-use allocations)
             rate(urls[name], questions[-1], 16)
-        for i in range(args.pairs):
+        for i, (suite, ident, question) in enumerate(asked):
             order = list(urls) if i % 2 == 0 else list(urls)[::-1]
-            question = questions[i % len(questions)]
             got = {name: rate(urls[name], question, args.tokens) for name in order}
-            rows.append({"pair": i, "first": order[0], **got, "ratio": got["localspec"] / got["llama-server"]})
+            rows.append({"pair": i, "suite": suite, "prompt": ident, "first": order[0], **got,
+                         "ratio": got["localspec"] / got["llama-server"]})
             print(json.dumps(rows[-1]), flush=True)
     finally:  # (ours too where llama-server failed to start)
         for proc in (ours, theirs):
@@ -78,8 +89,27 @@ def main() -> None:
     for first in urls:
         sub = [r["ratio"] for r in rows if r["first"] == first]
         print(f"  {first} first: median ratio {statistics.median(sub):.3f} ({len(sub)} pairs)")
+    if args.prompts:
+        for suite in dict.fromkeys(r["suite"] for r in rows):
+            sub = [r for r in rows if r["suite"] == suite]
+            lo, hi = median_interval([r["ratio"] for r in sub])
+            worst = min(sub, key=lambda r: r["ratio"])
+            print(f"  {suite}: median ratio {statistics.median(r['ratio'] for r in sub):.3f} ({lo:.3f}-{hi:.3f}), "
+                  f"worst {worst['ratio']:.3f} ({worst['prompt']}), {sum(r['ratio'] < 0.95 for r in sub)} of "
+                  f"{len(sub)} below 0.95")
     if args.json:
         args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json), "cpu_flags": cpu_flags()}, "rows": rows}, indent=1))
+
+
+def suites(files: str, per_suite: int) -> list[tuple[str, str, str]]:
+    """(suite, prompt id, text): the first `per_suite` prompts of each file, the suites interleaved."""
+    from localspec.bench.suites import parse_prompts
+
+    chosen = []
+    for name in files.split(","):
+        with open(os.path.expanduser(name), encoding="utf-8") as f:
+            chosen.append([(p.suite, p.id, p.text) for p in parse_prompts(f.read())][:per_suite])
+    return [prompt for row in itertools.zip_longest(*chosen) for prompt in row if prompt is not None]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from localspec.engine.costs import CostModel
 
-LOSS_SHARE = 0.03
+LOSS_SHARE = 0.02
 START_TOKENS = 2.5
 
 
