@@ -100,7 +100,8 @@ class Planner:
     one-token probe (`Probing`), so that a change in the text is noticed. Where `plain_wanted` says
     plain decoding has not been measured at this context length (engine/speedup.py), a draft promising
     less than PLAIN_PROBE_GAIN over plain decoding is skipped for a plain round: the speedup shown is
-    then measured, for the price of a few small drafts. benchmarks/replay_planner.py replays these rules
+    then measured, for the price of a few small drafts. A round alone drafts no longer than what the
+    request may still lose allows (engine/loss_bound.py), a replayed answer excepted. benchmarks/replay_planner.py replays these rules
     offline on recorded answers.
     """
 
@@ -167,8 +168,8 @@ class Planner:
             probing.since_tried[key] += 1
         stake = room if self.fixed_len is not None else self.bound.longest(self.cost, room)
         choice = self._best_offer(context, room, plan)
-        if choice is not None and choice[2].length > stake and not (choice[2].draft is not None
-                                                                     and choice[2].draft.exact):
+        exact = choice is not None and choice[2].draft is not None and choice[2].draft.exact
+        if choice is not None and choice[2].length > stake and not exact:  # chosen again within the stake
             choice = self._best_offer(context, stake, plan) if stake >= max(self.base.shortest, 1) else None
         if choice is not None:
             name, turn, offer = choice
