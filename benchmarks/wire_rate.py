@@ -9,7 +9,7 @@ interval of that median (a 1% difference needs 30+ pairs on a small machine).
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/wire_rate.py --pairs 40 [--json out.json]
     LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults --pairs 30
     LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults \
-        --prompts ~/corpus/heldout-edit.yaml,~/corpus/heldout-rewrite.yaml,~/corpus/heldout-explain.yaml --pairs 12
+        --prompts ~/corpus/heldout-edit.yaml,benchmarks/prompts/heldout_code.yaml,~/corpus/heldout-explain.yaml --pairs 12
 
 `--prompts`: suites of prompts (YAML files, as `localspec bench --suite` reads them), each prompt asked
 once (one pair), `--pairs` of each suite, the suites interleaved; each suite's median and worst prompt.
