@@ -98,7 +98,8 @@ def test_two_requests_at_once_draft_with_the_assistant_as_each_does_alone(files)
     try:
         engine = Engine(target, None, EngineOptions(draft_p_min=0.0, calibrate=False, history_drafts=False),
                         draft_cost_s=0.001, assistant=Gemma4Assistant(assistant_path, target))
-        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "mtp", round_for_round=False)
+        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "mtp",
+                                          round_for_round=False)
     finally:
         target.close()
 

@@ -106,7 +106,8 @@ def test_two_requests_at_once_draft_with_eagle3_as_each_does_alone(smollm2_path,
                         n_ctx=2048, slots=2)
     try:
         engine.drafter("eagle3").p_min = 0.0
-        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "eagle3", round_for_round=False)
+        assert_two_at_once_draft_as_alone(engine, ("Count: one two three", "Name three colours"), "eagle3",
+                                          round_for_round=False)
     finally:
         engine.close()
 
