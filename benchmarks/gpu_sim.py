@@ -123,7 +123,8 @@ class SimHeadTurn(HeadTurn):
         return True
 
     def draft(self, context, length, sampler) -> Draft:
-        return Draft(tokens=[0] * length, source=self.drafter.name, note=self.drafter.cost.per_token_s)
+        per_token_s = self.drafter.cost.per_token_s  # (what a live draft measures, as the engine's drafts carry it)
+        return Draft(tokens=[0] * length, source=self.drafter.name, note=per_token_s, seconds=length * per_token_s)
 
 
 class SimHead(HeadDrafter):
@@ -136,12 +137,13 @@ class SimHead(HeadDrafter):
         return SimHeadTurn(self, turn.acceptance)
 
 
-def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, mode: str, step_s: float) -> float:
+def run_localspec(answer: Answer, steady: dict, changed: dict, drafters: list, mode: str, step_s: float,
+                  loss_bound: bool = True) -> float:
     """Seconds for the answer with the engine's planner; each round verified at `CostModel.shape_for`'s
     size, as the engine pads it."""
     cost = CostModel(dict(steady), changed_s=dict(changed))
     clock = GpuClock(CostModel(dict(steady), changed_s=dict(changed)))  # (the truth: never learns)
-    drafting = Drafting(cost, drafters, learn_costs=True)
+    drafting = Drafting(cost, drafters, learn_costs=True, loss_bound=loss_bound)
     planner = drafting.planner(answer.prompt, mode, budget=len(answer.keepable))
     sampler = Sampler(SamplingSettings(temperature=0))
     context, seconds, at = list(answer.prompt) or [0], 0.0, 0

@@ -53,3 +53,21 @@ def test_the_planner_holds_a_shape_and_beats_a_fixed_draft_where_drafts_fail(sim
         theirs = plain / sim.run_fixed(answer, steady, changed, 3, head_s)
         assert ours >= theirs - 0.02
     assert plain / sim.run_localspec(low, steady, changed, [sim.SimHead(head_s)], "mtp", head_s) > 0.9
+
+
+def test_a_head_draft_carries_what_drafting_it_took(sim):
+    head = sim.SimHead(0.002)
+    draft = head.begin([1, 2], None).draft([1, 2], 3, None)
+    assert draft.seconds == pytest.approx(3 * 0.002)  # as a live draft's measured time: the planner counts it
+
+
+def test_where_a_change_of_shape_costs_the_loss_bound_leaves_drafts_to_the_shape_pricing(sim):
+    """A bound that cut a head's drafts short on a GPU would leave its shape and pay the warm-up back to
+    one position on every cut (engine/loss_bound.py): there the shape pricing alone decides."""
+    steady, changed = sim.cost_sets()["recorded"]
+    head_s = sim.HEAD_STEP_MS / 1e3
+    answer = sim.mtp_answers(1, 128, 0.3, flat=0.5, seed=3)[0]  # half its tokens kept: early losses, later gains
+    bounded, unbounded = (sim.run_localspec(answer, steady, changed, [sim.SimHead(head_s)], "mtp", head_s,
+                                            loss_bound=b) for b in (True, False))
+    assert bounded == pytest.approx(unbounded)
+    assert sim.run_fixed(answer, steady, changed, 0, 0.0) / bounded > 0.95

@@ -9,9 +9,13 @@ price) is added to what is left. So a copy that broke earns long drafts again on
 ones, and a request whose drafts all fail takes at most plain decoding's time plus LOSS_SHARE of it plus
 START_TOKENS tokens' time (given or taken how far rounds' real times stray from their prices).
 
-Drafts that cannot be wrong (the target's own answer replayed, `Draft.exact`) and forced lengths
-(`Plan.fixed_len`) are not bounded; steps shared with other requests are priced by the step
-(adaptive.shared_lengths), so their time is not counted here, but the tokens they produce are.
+Not where a change of batch shape costs (a GPU's CUDA graphs; engine/costs.py): leaving a drafter's
+shape for plain decoding's costs a warm-up worth several plain tokens there, so a bound that cuts a
+draft short pays that on every cut, and the shape pricing (a regime, a detour) decides instead
+(docs/engine.md, "Batch shapes"). Drafts that cannot be wrong (the target's own answer replayed,
+`Draft.exact`) and forced lengths (`Plan.fixed_len`) are not bounded; steps shared with other requests
+are priced by the step (adaptive.shared_lengths), so their time is not counted here, but the tokens
+they produce are.
 """
 
 from __future__ import annotations

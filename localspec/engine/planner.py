@@ -166,7 +166,8 @@ class Planner:
         probing = self.drafting.probing
         for key in probing.since_tried:
             probing.since_tried[key] += 1
-        stake = room if self.fixed_len is not None else self.bound.longest(self.cost, room)
+        bounded = self.fixed_len is None and self.cost.changed_s is None  # (loss_bound.py: where shapes cost, not)
+        stake = self.bound.longest(self.cost, room) if bounded else room
         choice = self._best_offer(context, room, plan)
         exact = choice is not None and choice[2].draft is not None and choice[2].draft.exact
         if choice is not None and choice[2].length > stake and not exact:  # chosen again within the stake
