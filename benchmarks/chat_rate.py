@@ -10,8 +10,9 @@ client without a screen (`bare`: the app's own client code, reading the same str
 the server path alone leaves of `run`'s rate, so that the app's share of `--connect`'s cost shows. Both rates are the engine's own
 summary (generated tokens over the answer's wall time): `run` prints it, the chat stores it with the
 answer. While the chat streams, the app's CPU is sampled: its main thread (the UI's event loop) in
-process, the whole client process with `--connect`. `--frames` also counts how often the screen changed
-over two seconds mid-answer (tmux captures, 50 a second).
+process, the whole client process with `--connect`. The frames a second are the bursts of output the app
+wrote to its terminal while streaming (`tmux pipe-pane` into a reader that notes when each chunk came;
+capturing the pane 50 times a second instead took a sixth of a core from the engine while it counted).
 
 Runs in a home of its own (LOCALSPEC_HOME) that links your pulled models and copies your calibrations,
 so nothing of yours is changed. Nothing else CPU-heavy may run meanwhile.
@@ -91,19 +92,30 @@ def answer_row(db: Path) -> tuple[str, dict] | None:
     return (row[0], json.loads(row[1]) if row[1] else {}) if row else None
 
 
-def screen_changes(seconds: float = 2.0) -> float:
-    """How many times a second the chat's screen changed, over `seconds`."""
-    last, changes, t0 = None, 0, time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        now = subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION], capture_output=True, text=True).stdout
-        changes += now != last and last is not None
-        last = now
-        time.sleep(0.02)
-    return changes / seconds
+def frame_log(path: Path) -> None:
+    """Read what the app writes to its terminal (tmux pipe-pane) and note when each chunk came: the
+    frame counter, which costs the machine a read a chunk where capturing the pane 50 times a second
+    would cost the engine a share of a core."""
+    with path.open("a") as log:
+        while data := os.read(0, 1 << 16):
+            log.write(f"{time.monotonic()} {len(data)}\n")
+            log.flush()
 
 
-def chat_rate(entry: str, env: dict, home: Path, connect: bool, frames: bool) -> dict:
-    """The chat app answers PROMPT in tmux; its stored summary's rate and the app's CPU while streaming."""
+def frames_per_s(path: Path, start: float, end: float, gap: float = 0.02) -> float | None:
+    """Frames a second the app wrote between `start` and `end` (monotonic clock): bursts of output at
+    least `gap` apart (a frame reaches the pty in chunks a few ms apart at most)."""
+    if not path.exists() or end <= start:
+        return None
+    times = [float(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
+    inside = [t for t in times if start <= t <= end]
+    bursts = sum(1 for i, t in enumerate(inside) if i == 0 or t - inside[i - 1] >= gap)
+    return bursts / (end - start)
+
+
+def chat_rate(entry: str, env: dict, home: Path, connect: bool) -> dict:
+    """The chat app answers PROMPT in tmux; its stored summary's rate, the app's CPU and the frames it
+    wrote a second while streaming."""
     db = home / "data" / "history.sqlite3"
     for stale in home.glob("data/history.sqlite3*"):
         stale.unlink()
@@ -125,11 +137,14 @@ def chat_rate(entry: str, env: dict, home: Path, connect: bool, frames: bool) ->
                                                                 text=True).stdout.split())]
                     if "chat" in Path(f"/proc/{p}/cmdline").read_text()), pid)
         stat = Path(f"/proc/{app}/stat") if connect else Path(f"/proc/{app}/task/{app}/stat")
+        frames = home / "frames.log"
+        frames.unlink(missing_ok=True)
+        subprocess.run(["tmux", "pipe-pane", "-t", SESSION, "-o",
+                        f"exec {sys.executable} -u {Path(__file__).resolve()} --frame-log {frames}"], check=True)
         subprocess.run(["tmux", "send-keys", "-t", SESSION, "-l", PROMPT], check=True)
         subprocess.run(["tmux", "send-keys", "-t", SESSION, "Enter"], check=True)
         time.sleep(1.5)  # past the prompt's evaluation: the answer streams
         c0, t0 = cpu_seconds(stat), time.monotonic()
-        per_s = screen_changes() if frames else None
         c1, t1 = c0, t0
         while (row := answer_row(db)) is None or row[0] == "streaming":
             c1, t1 = cpu_seconds(stat), time.monotonic()
@@ -138,7 +153,8 @@ def chat_rate(entry: str, env: dict, home: Path, connect: bool, frames: bool) ->
         if status != "complete":
             raise SystemExit(f"the chat's answer ended {status}: {stats}")
         return {"tokens_per_s": stats["tokens_per_s"], "tokens": stats["generated_tokens"],
-                "app_cpu": (c1 - c0) / (t1 - t0) if t1 > t0 else None, "screen_changes_per_s": per_s}
+                "app_cpu": (c1 - c0) / (t1 - t0) if t1 > t0 else None,
+                "frames_per_s": frames_per_s(frames, t0, t1)}
     finally:
         subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
 
@@ -151,10 +167,13 @@ def main() -> None:
     ap.add_argument("--modes", default="in-process,connect", help="in-process, connect, or both")
     ap.add_argument("--draws", choices=("smooth", "sparingly"), default="smooth",
                     help="the chat app's settings.yaml `chat_draws` (sparingly: it yields the CPU to the engine)")
-    ap.add_argument("--frames", action="store_true", help="count the screen's changes per second mid-answer")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--bare-client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--frame-log", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.frame_log:
+        frame_log(args.frame_log)
+        return
     if args.bare_client:
         bare_client(args.max_tokens)
         return
@@ -182,7 +201,7 @@ def main() -> None:
                 elif side == "bare":
                     got = bare_rate(env, args.max_tokens)
                 else:
-                    got = chat_rate(args.entry, env, home, side == "connect", args.frames)
+                    got = chat_rate(args.entry, env, home, side == "connect")
                 rows.append({"repeat": i, "side": side, **got})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -199,11 +218,11 @@ def main() -> None:
         mine = [r for r in rows if r["side"] == mode]
         rate = statistics.median(r["tokens_per_s"] for r in mine)
         cpu = statistics.median(r["app_cpu"] for r in mine if r["app_cpu"] is not None)
-        frames = [r["screen_changes_per_s"] for r in mine if r["screen_changes_per_s"] is not None]
+        frames = [r["frames_per_s"] for r in mine if r["frames_per_s"] is not None]
         versus_bare = f" ({rate / bare:.3f}x bare)" if mode == "connect" and "bare" in sides else ""
         print(f"`localspec chat` {mode}: {rate:.1f} tok/s = {rate / plain:.3f}x run{versus_bare}; the app's "
               f"{'main thread' if mode == 'in-process' else 'process'} {cpu:.1%} of a core"
-              + (f"; screen changes {statistics.median(frames):.1f}/s" if frames else ""))
+              + (f"; {statistics.median(frames):.1f} frames/s" if frames else ""))
     if args.json:
         args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()} | {
             "cpu_flags": cpu_flags(), "cores": os.cpu_count()}, "rows": rows}, indent=1))
