@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from localspec import __version__, paths
+from localspec.cli_bench import bench
 from localspec.cli_options import (DRAFTER_OPTION_HELP, DraftLength, mmproj_option, no_history_option,
                                    rpc_load_options, rpc_options, sampling, sampling_options)
 from localspec.engine.params import DRAFTER_SETTINGS
@@ -102,45 +103,24 @@ def check(target: str, draft: str | None, mmproj: str | None) -> None:
 
     TARGET and DRAFT are GGUF paths or catalog model ids (pulled).
     """
+    from localspec import checks
     from localspec.names import catalog_projector, model_file
 
     projector = model_file(mmproj) if mmproj else catalog_projector(target)
     if draft is None and projector is None:
         raise click.UsageError("Give a DRAFT to check as a pair, or --mmproj to check an image projector.")
     target_path = model_file(target)
-    paired = _check_pair(target_path, model_file(draft)) if draft is not None else True
-    if projector is not None:
-        from localspec.engine.files import projector_problem
-
-        problem = projector_problem(target_path, projector)
-        mark = click.style("FAIL", fg="red", bold=True) if problem else click.style("pass", fg="green")
-        click.echo(f"images: {projector}")
-        click.echo(f"  {mark}  {problem or 'the projector loads on this target: it sees images'}")
-        paired = paired and not problem
-    if not paired:
+    passed = True
+    for found in ([checks.pair(target_path, model_file(draft))] if draft is not None else []) + \
+            ([checks.projector(target_path, projector)] if projector is not None else []):
+        lines, ok = found
+        for line in lines:
+            mark = "" if line.ok is None else click.style("pass", fg="green") if line.ok else \
+                click.style("FAIL", fg="red", bold=True)
+            click.echo(f"  {mark}  {line.text}" if mark else line.text)
+        passed = passed and ok
+    if not passed:
         sys.exit(1)
-
-
-def _check_pair(target_path: Path, draft_path: Path) -> bool:
-    from localspec.engine.backend import VocabFile
-    from localspec.engine.pairing import check_pair, hidden_state_width
-
-    with VocabFile(target_path) as tv, VocabFile(draft_path) as dv:
-        report = check_pair(tv.vocab, dv.vocab)
-        decoding = tv.decoding(), dv.decoding()
-        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant"}.get(
-            dv.meta("general.architecture") or "")
-        if kind:  # it reads the target's hidden states: their width
-            report = report.with_rule(f"{kind} draft's target width", *hidden_state_width(tv, dv))
-    click.echo(f"target: {target_path}\n        {decoding[0]}\ndraft:  {draft_path}\n        {decoding[1]}")
-    for result in report.results:
-        mark = click.style("pass", fg="green") if result.ok else click.style("FAIL", fg="red", bold=True)
-        click.echo(f"  {mark}  {result.rule}: {result.detail}")
-    if report.ok:
-        click.echo("These two can be paired.")
-    else:
-        click.echo(f"Not compatible: {report.first_failure}")
-    return report.ok
 
 
 @cli.command()
@@ -363,60 +343,6 @@ def serve(entry_id, host, port, socket_path, no_socket, api_key, drafter, n_ctx,
                placement=rpc_load_options(rpc, rpc_allow_public, tensor_split), say=lambda m: click.echo(m, err=True))
 
 
-@cli.command()
-@click.argument("entry_id", required=False)
-@click.option("--drafter", default="auto", show_default=True,
-              help=f"Drafters to compare with plain decoding: {', '.join(DRAFTER_SETTINGS[:-1])}, or 'all'; comma-separated.")
-@click.option("--suite", "suites", default="code,edit,chat,creative", show_default=True,
-              help="Prompt suites (8 prompts each: code, edit, chat, creative; structured: JSON schemas, tool calls "
-                   "and JSON rewrites under their grammar, against `Llama` with the same grammar), and 'sessions' "
-                   "(related requests in order: follow-up edits, regenerations, quotes, repeated tool output), "
-                   "or a YAML file of your own prompts (`name:`, `prompts:`) or "
-                   "sessions (`sessions:`), comma-separated.")
-@click.option("--max-tokens", type=int, default=32, show_default=True)
-@click.option("--repeat", type=int, default=1, show_default=True, help="Runs of each variant per prompt.")
-@click.option("--temperature", "temperatures", default="0,0.7", show_default=True,
-              help="Temperatures, comma-separated (0 = greedy; sampling runs use fixed seeds).")
-@click.option("--peers/--no-peers", default=True, show_default=True,
-              help="Also run llama-cpp-python's Llama (plain on every prompt, the baseline when it is faster; "
-                   "prompt-lookup on --peer-prompts), and llama.cpp's llama-speculative-simple if on PATH.")
-@click.option("--prompts", "limit", default=None,
-              help="Only the first N prompts of each suite, or only these prompts (ids: code-4,chat-8).")
-@click.option("--peer-prompts", type=int, default=4, show_default=True,
-              help="Peers run on the first N prompts of each suite (they are the slow part of a run).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every raw run here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write an SVG plot here.")
-@click.option("--ctx", "n_ctx", type=int, default=2048, show_default=True)
-@rpc_options
-def bench(entry_id, drafter, suites, max_tokens, repeat, temperatures, peers, limit, peer_prompts, json_path, plot_path,
-          n_ctx, rpc, rpc_allow_public, tensor_split):
-    """Measure speculative against plain decoding (and peers) on shipped prompt suites.
-
-    Variants run back to back per prompt, in alternating order, so machine drift cancels out. Prints a
-    Markdown table: tokens/s, speedup against the faster of localspec's and llama-cpp-python's plain
-    decoding (ratio of medians, min-max per prompt; the row names the baseline), time to first token
-    from an empty cache, acceptance, accepted per round, draft length, the speedup bound the measured
-    acceptance and costs allow, and for greedy runs how much of the plain answer the speculative one
-    reproduced.
-    """
-    from localspec.bench.job import run as run_bench
-    from localspec.catalog import load_catalog
-
-    try:
-        temps = [float(t) for t in temperatures.split(",")]
-    except ValueError:
-        raise click.BadParameter("must be numbers, e.g. 0,0.7", param_hint="--temperature") from None
-    if max_tokens < 1 or repeat < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--max-tokens/--repeat")
-    report = run_bench(entry_id or load_catalog().default_pair, drafter=drafter,
-                       suites=[s.strip() for s in suites.split(",") if s.strip()], max_tokens=max_tokens,
-                       repeat=repeat, temperatures=temps, peers=peers,
-                       limit=int(limit) if limit and limit.isdigit() else limit, peer_prompts=peer_prompts,
-                       n_ctx=n_ctx, placement=rpc_load_options(rpc, rpc_allow_public, tensor_split),
-                       json_path=json_path, plot_path=plot_path, say=lambda m: click.echo(m, err=True))
-    click.echo(report)
-
-
 @cli.command(name="rpc-worker")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on: loopback, or this machine's private address for workers on a LAN.")
@@ -465,6 +391,9 @@ def draft_make(target, keep, auto, budget, calibration, out) -> None:
                 f"{plan.predicted_speedup:.2f}x" if plan.acceptance is not None else "")
     click.echo(f"Self-draft: {plan.file} ({human_bytes(size)}, {len(plan.keep)} of {plan.block_count} blocks{measured}).")
     click.echo("Use it with --drafter self (chat, serve, run, bench).")
+
+
+cli.add_command(bench)
 
 
 # ----------------------------------------------------------------------------- helpers

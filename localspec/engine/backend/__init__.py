@@ -5,11 +5,13 @@ prompt token (a full output-layer pass each, 152k columns for Qwen), and it hide
 need to roll back. Here each `decode` asks for logits only at the positions the caller names.
 
 `system`: the process-wide side (log, start, what the build supports, devices, the RPC server);
-`gguf`: loading a file, its tokenizer and metadata; `llama`: models with their contexts, quantizing.
+`gguf`: loading a file, its tokenizer and metadata, quantizing; `options`: how a file is loaded;
+`llama`: models with their contexts and KV sequences, their images' side in `images` and `grids`.
 """
 
-from localspec.engine.backend.gguf import ROLLBACK_ARCHITECTURES, Vocab, VocabFile
-from localspec.engine.backend.llama import MAX_LOGITS_PER_CALL, Model, ModelOptions, quantize
+from localspec.engine.backend.gguf import ROLLBACK_ARCHITECTURES, Vocab, VocabFile, quantize
+from localspec.engine.backend.llama import Model
+from localspec.engine.backend.options import MAX_LOGITS_PER_CALL, ModelOptions
 from localspec.engine.backend.system import (Device, bindings_version, build_id, devices, init, rpc_devices,
                                              serve_rpc, supports_gpu_offload, supports_rpc, system_info)
 

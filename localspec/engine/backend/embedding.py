@@ -21,7 +21,8 @@ import llama_cpp as L
 import numpy as np
 
 from localspec.engine.backend.gguf import Vocab, _load_model, _Metadata
-from localspec.engine.backend.llama import Model, ModelOptions, free_context
+from localspec.engine.backend.llama import Model, free_context
+from localspec.engine.backend.options import ModelOptions
 from localspec.engine.backend.system import problems_mark, problems_since
 from localspec.errors import LocalspecError
 

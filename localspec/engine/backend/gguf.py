@@ -1,9 +1,11 @@
 """A GGUF file through llama.cpp: loaded (`_load_model`), its tokenizer (`Vocab`), its metadata and what
-speculative decoding can do with its state (`_Metadata`), a vocabulary-only load (`VocabFile`)."""
+speculative decoding can do with its state (`_Metadata`), a vocabulary-only load (`VocabFile`), and
+requantized (`quantize`)."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 from pathlib import Path
 
@@ -252,3 +254,23 @@ class VocabFile(_Metadata):
 
     def __del__(self) -> None:
         self.close()
+
+
+def quantize(source: Path, destination: Path, ftype: str = "Q2_K", threads: int | None = None) -> Path:
+    """Requantize a GGUF with llama.cpp's own quantizer (used to make a weaker test draft)."""
+    init()
+    code = getattr(L, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if code is None:
+        raise LocalspecError(f"Unknown quantization type {ftype}.")
+    params = L.llama_model_quantize_default_params()
+    params.ftype = code
+    params.allow_requantize = True
+    params.nthread = threads or (os.cpu_count() or 1)
+    tmp = Path(str(destination) + ".partial")
+    mark = problems_mark()
+    rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise ModelFileError(f"Quantizing {source} failed: {problems_since(mark) or rc}")
+    os.replace(tmp, destination)
+    return Path(destination)

@@ -1,25 +1,26 @@
-"""llama.cpp's models through llama-cpp-python's low-level C bindings: a model with its context and
-KV sequences (`Model`), and quantizing. Loading a file, its tokenizer and metadata: backend/gguf.py."""
+"""llama.cpp's models through llama-cpp-python's low-level C bindings: a model with its context and KV
+sequences (`Model`): decoding, rolling back, recurrent checkpoints, candidate trees, following heads.
+How it is loaded: backend/options.py; the file, its tokenizer and metadata: backend/gguf.py; images in
+its prompts: backend/images.py."""
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import llama_cpp as L
 import numpy as np
 
+from localspec.engine.backend.gguf import Vocab, _load_model, _Metadata
+from localspec.engine.backend.grids import Grids
+from localspec.engine.backend.images import ImageDecoding
 from localspec.engine.backend.mtp import MtpHead, record_hidden
+from localspec.engine.backend.options import ModelOptions
 from localspec.engine.backend.staging import Follower
 from localspec.engine.backend.staging import unavailable as heads_unavailable
-from localspec.engine.backend.gguf import ROLLBACK_POSITIONS, Vocab, _load_model, _Metadata
-from localspec.engine.backend.media import media_row, media_runs
-from localspec.engine.backend.system import build_id, init, problems_mark, problems_since, supports_gpu_offload
-from localspec.errors import ContextOverflowError, LocalspecError, ModelFileError
+from localspec.engine.backend.system import build_id, problems_mark, problems_since
+from localspec.errors import ContextOverflowError, LocalspecError
 
 
 if TYPE_CHECKING:
@@ -30,67 +31,9 @@ if TYPE_CHECKING:
 # last answer restarts from the prompt's end instead of from the first token. Each holds one copy of the
 # recurrent state.
 CHECKPOINTS_PER_SEQ = 3
-MAX_LOGITS_PER_CALL = 64
 
 
-# ----------------------------------------------------------------------------- models
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """How to load one GGUF. None means: decide from the machine."""
-
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int | None = None
-    n_gpu_layers: int | None = None  # None: everything when GPU offload exists, else 0
-    flash_attn: bool | None = None    # None: llama.cpp decides (attention_type)
-    mmap: bool | None = None          # None: llama.cpp decides (mmap on CPUs); False: read into memory (less RSS,
-                                      # slower decoding on CPUs); True: mmap explicitly
-    n_outputs_max: int = MAX_LOGITS_PER_CALL  # logits rows one decode may return; 0: llama.cpp's default (n_batch)
-    n_seq: int = 1                    # KV sequences (slots); n_ctx is shared out among them, as llama-server's -np
-    devices: tuple[int, ...] = ()     # ggml devices to place every layer on (RPC workers: rpc_devices); () = llama.cpp's
-    tensor_split: tuple[float, ...] = ()  # share of the layers on each of `devices`; () = by their free memory
-    placement: str = ""               # where the layers are, for cache keys: "" local, "rpc:HOST:PORT,…"
-    kv_unified: bool = False          # one KV buffer for all sequences (candidate trees need it)
-    rollback: int = ROLLBACK_POSITIONS  # recurrent/hybrid targets: snapshots of each sequence's state kept per decode,
-                                      # so a verify can drop up to this many draft tokens (llama.cpp's n_rs_seq); the
-                                      # longest draft such a target is sent. Each costs one more copy of the state.
-    mtp: bool = True                  # load and follow the file's MTP heads, if it has any (the `mtp` drafter)
-    tree_seqs: int = 0                # spare sequences for a candidate tree's other branches (engine/tree.py); only
-                                      # for one slot of a model whose positions can be dropped: they share one KV
-                                      # buffer with it (kv_unified), so a shared node is held once
-
-    def with_(self, **changes) -> "ModelOptions":
-        return dataclasses.replace(self, **changes)
-
-    def threads(self) -> int:
-        return self.n_threads or max(1, os.cpu_count() or 1)
-
-    def load_mode(self) -> int:
-        # mmap by default: reading the weights into memory saves the mapped originals' resident pages
-        # (llama.cpp keeps them beside its CPU-repacked copy) but decodes slower on CPUs
-        # (docs/performance.md, "Memory"); mmap=False opts in.
-        if self.mmap is None:
-            return L.LLAMA_LOAD_MODE_AUTO
-        return L.LLAMA_LOAD_MODE_MMAP if self.mmap else L.LLAMA_LOAD_MODE_NONE
-
-    def attention_type(self) -> int:
-        """Flash attention as `flash_attn` says; None: llama.cpp's choice (on, on CPUs)."""
-        # Left on by default on CPUs: with it, batched logits equal one-token logits bit for bit for small
-        # batches, so verified greedy answers part from plain ones less often, and prompts are faster; off
-        # makes verify batches after long contexts cheaper (settings.yaml's `flash_attention` chooses).
-        if self.flash_attn is None:
-            return L.LLAMA_FLASH_ATTN_TYPE_AUTO
-        return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-
-    def gpu_layers(self) -> int:
-        if self.n_gpu_layers is not None:
-            return self.n_gpu_layers
-        return -1 if self.devices or supports_gpu_offload() else 0
-
-
-class Model(_Metadata):
+class Model(ImageDecoding, _Metadata):
     """One GGUF with one context: decode at explicit positions, roll back the KV cache.
 
     `options.n_seq` sequences (slots), each with its own `n_ctx` cells. `decode` appends tokens at
@@ -159,7 +102,7 @@ class Model(_Metadata):
         self._embd_batch: Any = None  # an image's rows (made at first use)
         # Per sequence, the images placed with M-RoPE positions: (first index, rows, positions taken). A
         # sequence's positions are its indices less what the images before took fewer (`_pos`, `_index`).
-        self._grids: list[list[tuple[int, int, int]]] = [[] for _ in range(cparams.n_seq_max)]
+        self._grids = Grids(cparams.n_seq_max)
         newline = self.vocab.tokenize("\n", add_special=False, parse_special=False)
         self._blank = newline[0] if newline else max(self.vocab.bos, 0)  # what a model without a projector sees of an image
         # How many of its last positions a sequence can drop (None: any). A recurrent state rolls back
@@ -215,7 +158,7 @@ class Model(_Metadata):
         out = np.empty((len(logits_for), self.n_vocab), dtype=np.float32)  # filled straight from llama.cpp's buffer
         batch = self._batch
         assert batch is not None, "decode after close()"
-        first_pos = self._pos(seq, start)
+        first_pos = self._grids.pos(seq, start)
         for chunk_start in range(0, len(tokens), self.n_batch):
             chunk = tokens[chunk_start:chunk_start + self.n_batch]
             batch.n_tokens = len(chunk)
@@ -235,114 +178,6 @@ class Model(_Metadata):
                 for row in rows_of[chunk_start + j]:
                     out[row] = logits
         return out
-
-    def _decode_runs(self, tokens: list[int], start: int, logits_for: Sequence[int], seq: int) -> np.ndarray:
-        """`decode` of a prompt with images (engine/backend/vision.py): each run of text tokens as text,
-        each run of one image's ids as its embeddings (a model without a projector, as a draft model beside
-        the target, sees a newline at each of an image's positions: the text around it, in place)."""
-        out = np.zeros((len(logits_for), self.n_vocab), dtype=np.float32)
-        for first, run in media_runs(tokens):
-            if run[0] >= 0 or self.projector is None:
-                text = self._as_text(run)
-                wanted = [(row, index - first) for row, index in enumerate(logits_for) if first <= index < first + len(run)]
-                rows = self.decode(text, start + first, [index for _row, index in wanted], seq)
-                for (row, _index), logits in zip(wanted, rows):
-                    out[row] = logits
-            else:
-                if any(first <= index < first + len(run) for index in logits_for):
-                    raise ValueError("logits asked for an image's position")
-                self._decode_image(run, start + first, seq)
-        return out
-
-    def _decode_image(self, ids: list[int], start: int, seq: int) -> None:
-        """One image's rows at positions start…, n_batch at a time (an image whose attention is
-        non-causal, as Gemma 3's, must fit one batch: llama.cpp attends within a batch)."""
-        if start + len(ids) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{start + len(ids)} tokens do not fit the context window of {self.n_ctx} tokens.")
-        assert self.projector is not None
-        embeddings, image = self.projector.rows(ids)
-        if image.non_causal and len(ids) > self.n_batch:
-            raise LocalspecError(f"An image of {len(ids)} embeddings does not fit one batch of {self.n_batch}.")
-        grid = self.projector.mrope
-        if self._embd_batch is None:  # (M-RoPE: four positions a row, section by section)
-            self._embd_batch = L.llama_batch_init(self.n_batch * (4 if grid else 1), self.projector.n_embd, 1)
-        batch = self._embd_batch
-        first_row = media_row(ids[0])[1]
-        origin = self._pos(seq, start - first_row)  # the image's first position
-        if image.non_causal:
-            L.llama_set_causal_attn(self._ctx, False)
-        try:
-            for at in range(0, len(ids), self.n_batch):
-                rows = np.ascontiguousarray(embeddings[at:at + self.n_batch], dtype=np.float32)
-                ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
-                n = len(rows)
-                for j in range(n):
-                    row = first_row + at + j
-                    if grid:  # llama.cpp's M-RoPE sections: time, line, column, unused
-                        batch.pos[j], batch.pos[j + 3 * n] = origin, 0
-                        batch.pos[j + n], batch.pos[j + 2 * n] = origin + row // image.width, origin + row % image.width
-                    else:
-                        batch.pos[j] = origin + row
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = seq
-                    batch.logits[j] = False
-                batch.n_tokens = n
-                self._run([(seq, ids[at:at + n], start + at)], batch)
-        finally:
-            if image.non_causal:
-                L.llama_set_causal_attn(self._ctx, True)
-        placed = (start - first_row, image.rows, image.n_pos)
-        if grid and image.n_pos != image.rows and placed not in self._grids[seq]:
-            self._grids[seq].append(placed)
-
-    def _as_text(self, run: list[int]) -> list[int]:
-        """A run of text tokens as it is; a run of an image's ids as a newline at each row: what a model
-        without the projector (a draft model) or a head reading the target's tokens sees of the image."""
-        return run if not run or run[0] >= 0 else [self._blank] * len(run)
-
-    @property
-    def _gridded(self) -> bool:
-        """Images placed with M-RoPE: positions are not indices, so no trees (their branches' positions) and
-        no shifting (a grid does not move as a run of positions does)."""
-        return self.projector is not None and self.projector.mrope
-
-    def _pos(self, seq: int, index: int) -> int:
-        """The position of a sequence's index: the index, less what its M-RoPE images before it took fewer
-        (an index inside one: that image's first position)."""
-        shift = 0
-        for first, rows, n_pos in self._grids[seq]:
-            if index < first + rows:
-                return first - shift if index > first else index - shift
-            shift += rows - n_pos
-        return index - shift
-
-    def _index(self, seq: int, pos: int) -> int:
-        """The index a position count stands for (`llama_memory_seq_pos_max` + 1, a checkpoint's): the
-        inverse of `_pos`; one within an image's positions is after the whole image."""
-        shift = 0
-        for first, rows, n_pos in self._grids[seq]:
-            origin = first - shift
-            if pos <= origin:
-                break
-            if pos <= origin + n_pos:
-                return first + rows
-            shift += rows - n_pos
-        return pos + shift
-
-    def _forget_grids(self, seq: int, n_keep: int) -> int:
-        """The images placed at or after `n_keep` forgotten; `n_keep` moved back to the start of an image it
-        falls inside (its rows are kept or dropped together)."""
-        for first, rows, _n_pos in self._grids[seq]:
-            if first < n_keep < first + rows:
-                n_keep = first
-        self._grids[seq] = [g for g in self._grids[seq] if g[0] + g[1] <= n_keep]
-        return n_keep
-
-    def attach_projector(self, projector: "Projector") -> None:
-        """Images in prompts, evaluated through `projector` (a vision.Projector loaded on this model)."""
-        self.projector = projector
-        self.attach(projector.close)
 
     def decode_many(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
         """Several sequences in one `llama_decode`: each part is (seq, tokens, start, outputs), and gets
@@ -366,7 +201,7 @@ class Model(_Metadata):
             if start + len(tokens) > self.n_ctx:
                 raise ContextOverflowError(
                     f"{start + len(tokens)} tokens do not fit the context window of {self.n_ctx} tokens.")
-            first_pos = self._pos(seq, start)
+            first_pos = self._grids.pos(seq, start)
             for i, token in enumerate(tokens):
                 batch.token[j] = token
                 batch.pos[j] = first_pos + i
@@ -378,24 +213,6 @@ class Model(_Metadata):
         batch.n_tokens = j
         self._run([(seq, tokens, start) for seq, tokens, start, _outputs in parts])
         return [self._logits_rows(rows) for rows in outputs]
-
-    def _images_first(self, parts: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray]:
-        """`decode_many` of parts with images: each part's tokens up to its last image alone, the rest
-        together (a part that ends with an image, a prompt's chunk, gets rows nobody reads)."""
-        done: dict[int, np.ndarray] = {}
-        rest = []
-        for i, (seq, tokens, start, wanted) in enumerate(parts):
-            last = max((j for j, t in enumerate(tokens) if t < 0), default=-1)
-            if last >= 0:
-                self._decode_runs(tokens[:last + 1], start, (), seq)
-                tokens, start = tokens[last + 1:], start + last + 1
-            if tokens:
-                rest.append((i, (seq, tokens, start, min(wanted, len(tokens)))))
-            else:
-                done[i] = np.zeros((wanted, self.n_vocab), dtype=np.float32)
-        tails = self.decode_many([part for _i, part in rest]) if rest else []
-        done.update((i, rows) for (i, _part), rows in zip(rest, tails))
-        return [done[i] for i in range(len(parts))]
 
     def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
@@ -476,7 +293,7 @@ class Model(_Metadata):
             return
         L.llama_memory_seq_rm(self._memory, dst, -1, -1)
         L.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-        self._grids[dst] = list(self._grids[src])
+        self._grids.copy(src, dst)
         self._removable[dst] = 0
         self._checkpoints[dst] = []
         for follower in self._followers:
@@ -487,7 +304,7 @@ class Model(_Metadata):
         than its snapshots; nothing for a model without recurrent layers."""
         if not self.recurrent:
             return
-        pos = self._index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)  # (an index: `_restore`)
+        pos = self._grids.index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)  # (an index: `_restore`)
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent layers only: attention keeps every position
         size = L.llama_state_seq_get_size_ext(self._ctx, seq, flags)
         data = (ctypes.c_uint8 * size)()
@@ -508,12 +325,12 @@ class Model(_Metadata):
             pos, data = self._checkpoints[seq][-1]
             flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             if (L.llama_state_seq_set_data_ext(self._ctx, data, len(data), seq, flags) == len(data)
-                    and L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, pos), -1)):
-                self._forget_grids(seq, pos)
+                    and L.llama_memory_seq_rm(self._memory, seq, self._grids.pos(seq, pos), -1)):
+                self._grids.forget(seq, pos)
                 return pos
             self._checkpoints[seq].pop()
         L.llama_memory_seq_rm(self._memory, seq, -1, -1)
-        self._grids[seq] = []
+        self._grids.empty(seq)
         return 0
 
     def truncate(self, n_keep: int, seq: int = 0) -> int:
@@ -530,16 +347,16 @@ class Model(_Metadata):
 
     def _truncate(self, n_keep: int, seq: int) -> int:
         if self.recurrent:
-            held = self._index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)
+            held = self._grids.index(seq, L.llama_memory_seq_pos_max(self._memory, seq) + 1)
             if n_keep >= held:
                 return held
             removable, self._removable[seq] = self._removable[seq], 0  # llama.cpp restores one snapshot per decode
             self._checkpoints[seq] = [c for c in self._checkpoints[seq] if c[0] <= n_keep]  # the later ones go
-            if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
-                return self._forget_grids(seq, n_keep)
+            if 0 < held - n_keep <= removable and L.llama_memory_seq_rm(self._memory, seq, self._grids.pos(seq, n_keep), -1):
+                return self._grids.forget(seq, n_keep)
             return self._restore(seq, n_keep)
-        n_keep = self._forget_grids(seq, n_keep)
-        if not L.llama_memory_seq_rm(self._memory, seq, self._pos(seq, n_keep), -1):
+        n_keep = self._grids.forget(seq, n_keep)
+        if not L.llama_memory_seq_rm(self._memory, seq, self._grids.pos(seq, n_keep), -1):
             L.llama_memory_clear(self._memory, True)
             raise LocalspecError("llama.cpp could not remove part of the KV cache; it was cleared.")
         return n_keep
@@ -570,7 +387,7 @@ class Model(_Metadata):
             follower.clear()
         self._removable = [0] * self.n_seq
         self._checkpoints = [[] for _ in range(self.n_seq)]
-        self._grids = [[] for _ in range(len(self._grids))]
+        self._grids.clear()
 
     def add_follower(self, head: "Follower") -> None:
         """A head whose cache follows this model's (backend/mtp.py, backend/eagle3.py): it sees every
@@ -617,23 +434,3 @@ def free_context(ctx, batch) -> None:
         L.llama_batch_free(batch)
     if ctx:
         L.llama_free(ctx)
-
-
-def quantize(source: Path, destination: Path, ftype: str = "Q2_K", threads: int | None = None) -> Path:
-    """Requantize a GGUF with llama.cpp's own quantizer (used to make a weaker test draft)."""
-    init()
-    code = getattr(L, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
-    if code is None:
-        raise LocalspecError(f"Unknown quantization type {ftype}.")
-    params = L.llama_model_quantize_default_params()
-    params.ftype = code
-    params.allow_requantize = True
-    params.nthread = threads or (os.cpu_count() or 1)
-    tmp = Path(str(destination) + ".partial")
-    mark = problems_mark()
-    rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise ModelFileError(f"Quantizing {source} failed: {problems_since(mark) or rc}")
-    os.replace(tmp, destination)
-    return Path(destination)
