@@ -110,16 +110,19 @@ def check(target: str, draft: str | None, mmproj: str | None) -> None:
     if draft is None and projector is None:
         raise click.UsageError("Give a DRAFT to check as a pair, or --mmproj to check an image projector.")
     target_path = model_file(target)
-    passed = True
-    for found in ([checks.pair(target_path, model_file(draft))] if draft is not None else []) + \
-            ([checks.projector(target_path, projector)] if projector is not None else []):
-        lines, ok = found
+    found = []
+    if draft is not None:
+        found.append(checks.pair(target_path, model_file(draft)))
+    if projector is not None:
+        found.append(checks.projector(target_path, projector))
+    for lines, _ok in found:
         for line in lines:
-            mark = "" if line.ok is None else click.style("pass", fg="green") if line.ok else \
-                click.style("FAIL", fg="red", bold=True)
-            click.echo(f"  {mark}  {line.text}" if mark else line.text)
-        passed = passed and ok
-    if not passed:
+            if line.ok is None:
+                click.echo(line.text)
+            else:
+                mark = click.style("pass", fg="green") if line.ok else click.style("FAIL", fg="red", bold=True)
+                click.echo(f"  {mark}  {line.text}")
+    if not all(ok for _lines, ok in found):
         sys.exit(1)
 
 

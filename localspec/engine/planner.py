@@ -101,7 +101,8 @@ class Planner:
     plain decoding has not been measured at this context length (engine/speedup.py), a draft promising
     less than PLAIN_PROBE_GAIN over plain decoding is skipped for a plain round: the speedup shown is
     then measured, for the price of a few small drafts. A round alone drafts no longer than what the
-    request may still lose allows (engine/loss_bound.py), a replayed answer excepted.
+    request may still lose allows (engine/loss_bound.py), a replayed answer excepted, where a change of
+    batch shape costs nothing (elsewhere the shape pricing decides).
     benchmarks/replay_planner.py replays these rules offline on recorded answers.
     """
 
