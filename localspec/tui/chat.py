@@ -356,14 +356,14 @@ class ChatScreen(Screen):
         self._frames.pause()
         self.prompt.cursor_blink = True
         self._draw()
-        answer = self.log_view.current
+        answer, following = self.log_view.current, self.log_view.following
         stored = summary.stored() if summary is not None else {"error": error} if error else {}
         self.chats.finish_answer(text, status, stored, answer.spans if answer else [])
         if answer is not None:
             answer.content = text
             await answer.finish(summary, status, error)
         self.log_view.current = None
-        self.log_view.answer_shown()
+        self.log_view.answer_shown(following)
         self.generating = False
         self.post_message(self.AnswerFinished())
 

@@ -315,9 +315,15 @@ class ChatLog(VerticalScroll):
                 # scrolls up to read): the scroll is set in the layout pass that makes room for new rows.
                 self.anchor()
 
-    def answer_shown(self) -> None:
-        """The answer is finished: the log follows its last layout, then stays where the user leaves it."""
-        following = self.max_scroll_y - self.scroll_y <= 3
+    @property
+    def following(self) -> bool:
+        """Whether the log shows the end of what it holds (the user has not scrolled up to read)."""
+        return self.max_scroll_y - self.scroll_y <= 3
+
+    def answer_shown(self, following: bool) -> None:
+        """The answer is finished: the log follows its last layout if it was `following` the stream (asked
+        before the finished answer replaced it, whose height is not laid out yet), then stays where the
+        user leaves it."""
         self.anchor(False)
         if following:
             self.scroll_end(animate=False, immediate=False)
