@@ -161,7 +161,7 @@ def main() -> None:
             sys.exit(f"unknown variant {name}; choose from {', '.join(VARIANTS)}")
         options = engine.target.options.with_(**VARIANTS[name])
         extra[name] = Engine(Model(engine.target.path, options), None)
-    peer = LlamaPeer(engine.target.path, engine.n_ctx)
+    peer = LlamaPeer(engine.target.path, engine.n_ctx, on=engine.driver.run)
     texts = PROMPTS if args.suite is None else [p.text for p in load_suites([args.suite])]
     prompts = [engine.chat_tokens([{"role": "user", "content": text}]) for text in texts[:args.prompts]]
     print(f"target {engine.target.path.name}, draft {engine.draft.path.name if engine.draft else '-'}, "

@@ -912,7 +912,7 @@ def test_requests_planning_side_by_side_draft_as_each_would_alone():
         assert answer == _plain(prompt, len(answer))
 
 
-def test_a_request_submitted_beside_a_generation_needs_a_free_slot_and_the_owning_thread():
+def test_a_request_from_any_thread_joins_the_steps_of_one_engine_thread_given_a_free_slot():
     engine, _target, _draft = _two_slot_engine()
     main = engine.generate([0, 5, 9, 11], max_tokens=30)
     next(main)  # the Prefill: the generation waits between rounds
@@ -925,13 +925,52 @@ def test_a_request_submitted_beside_a_generation_needs_a_free_slot_and_the_ownin
     other = threading.Thread(target=lambda: _refused(lambda: next(engine.generate([0, 6], max_tokens=2)), refused))
     other.start()
     other.join()
-    assert refused and "already generating" in str(refused[0])  # another thread waits its turn
-    engine.core.abort(inner)  # abandoned mid-answer (the editor moved on): the waiting generation goes on
-    assert _tokens(list(main)) == _plain([0, 5, 9, 11], 30)
-    assert inner_events[-1].stop_reason == "cancelled" and engine.free_slots() == 2
+    assert refused and "No KV slot" in str(refused[0])  # whichever thread asks
+    engine.abort(inner)  # abandoned mid-answer (the editor moved on): the generation goes on
+    rest = [next(main)]  # (the step that ends it)
+    assert inner_events[-1].stop_reason == "cancelled" and engine.free_slots() == 1
+    answers: dict[str, list[int]] = {}
+    other = threading.Thread(target=lambda: answers.update(other=_tokens(list(engine.generate([0, 6], max_tokens=12)))))
+    other.start()  # another thread's reader: its request joins the same steps
+    rest += list(main)
+    other.join()
+    assert _tokens(rest) == _plain([0, 5, 9, 11], 30)
+    assert answers["other"] == _plain([0, 6], 12)
+    assert engine.free_slots() == 2
     one_slot = Engine(ToyModel(seed=3), None, EngineOptions(drafter="ngram", learn_costs=False),
                       cost=CostModel(dict(COST)))
     assert not one_slot.concurrent and engine.concurrent
+
+
+def test_every_step_runs_on_the_engines_one_thread_whoever_asks():
+    """Readers in two threads, a direct `step` and a `submit` from a third: the core is stepped and
+    added to on the driver's thread only, never the caller's."""
+    engine, _target, _draft = _two_slot_engine()
+    threads: list[str] = []
+    core_step, core_add = engine.core.step, engine.core.add
+
+    def step(only=None):
+        threads.append(threading.current_thread().name)
+        return core_step(only)
+
+    def add(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return core_add(*args, **kwargs)
+
+    engine.core.step, engine.core.add = step, add  # type: ignore[method-assign]
+    answers: dict[str, list[int]] = {}
+    other = threading.Thread(target=lambda: answers.update(other=_tokens(list(engine.generate([0, 6], max_tokens=10)))))
+    other.start()
+    answers["main"] = _tokens(list(engine.generate([0, 5, 9, 11], max_tokens=10)))
+    other.join()
+    events: list = []
+    submit_one(engine, [0, 7, 8], events.append, max_tokens=4)
+    while engine.step():
+        pass
+    assert answers == {"other": _plain([0, 6], 10), "main": _plain([0, 5, 9, 11], 10)}
+    assert _tokens(events) == _plain([0, 7, 8], 4)
+    assert threads and set(threads) == {"localspec-engine"}
+    assert threading.current_thread().name != "localspec-engine"
 
 
 def _refused(call, into: list) -> None:

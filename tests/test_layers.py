@@ -210,3 +210,21 @@ def test_the_engine_reads_models_through_their_protocol():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
                 probes.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.func.id}")
     assert not probes, "\n".join(probes)
+
+
+def test_one_thread_calls_into_the_engine_core():
+    """The core is reached only through `Engine` (engine/api.py), whose every call into it runs on the
+    driver's thread (engine/driver.py): no other module of the package touches `.core`, and no other
+    engine module starts a thread."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "core" and name not in (
+                    "localspec.engine.api", "localspec.engine.core"):
+                problems.append(f"{name}:{node.lineno} reaches the core past the engine")
+            if (isinstance(node, ast.Attribute) and node.attr == "Thread" and name.startswith("localspec.engine")
+                    and name != "localspec.engine.driver"):
+                problems.append(f"{name}:{node.lineno} starts a thread of its own")
+    assert not problems, "\n".join(problems)

@@ -54,14 +54,19 @@ class LlamaPeer:
     Plain is constructed as a user would (no draft, so no logits kept for every position), with every
     core: the fastest plain `Llama` there is (its default is half the cores)."""
 
-    def __init__(self, path: Path, n_ctx: int, lookup: bool = False):
+    def __init__(self, path: Path, n_ctx: int, lookup: bool = False,
+                 on: Callable[[Callable[[], Any]], Any] = lambda fn: fn()):
+        """`on`: runs a call on the thread that decodes for localspec in this process (`Driver.run`), as
+        llama.cpp's CPU threads are a team per decoding thread and a second team slows both sides; a
+        user's `Llama` alone in its process decodes with one."""
         from llama_cpp import Llama, llama_model_is_hybrid, llama_model_is_recurrent
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         threads = os.cpu_count() or 1
         self.lookup = lookup
-        self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None)
+        self._on = on
+        self.llm = on(lambda: Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None))
         # A recurrent state cannot drop the last answer (llama_decode refuses the next prompt): such a
         # target's prompt is evaluated again for every run, before the timed part.
         self.keeps_prompt = not (llama_model_is_recurrent(self.llm.model) or llama_model_is_hybrid(self.llm.model))
@@ -72,6 +77,10 @@ class LlamaPeer:
 
     def run(self, tokens: list[int], prompt: Prompt, temperature: float, repeat: int, max_tokens: int,
             is_eog: Callable[[int], bool], cold: bool = False) -> Run:
+        return self._on(lambda: self._run(tokens, prompt, temperature, repeat, max_tokens, is_eog, cold))
+
+    def _run(self, tokens: list[int], prompt: Prompt, temperature: float, repeat: int, max_tokens: int,
+             is_eog: Callable[[int], bool], cold: bool) -> Run:
         llm = self.llm
         # Keep the evaluated prompt (as llama-cpp-python's own prefix reuse would); drop the last answer.
         keep = len(tokens) - 1
@@ -107,7 +116,7 @@ class LlamaPeer:
                    tokens_per_s=len(out) / seconds if seconds > 0 else 0.0, first_token_s=first_token_s, cold=cold)
 
     def close(self) -> None:
-        self.llm.close()
+        self._on(self.llm.close)
 
 
 def speculative_simple_peer(target: Path, draft: Path, prompt_text: str, prompt: Prompt, repeat: int,

@@ -54,8 +54,8 @@ def bench(engine, prompts: list[Prompt], *, drafters: list[str], temperatures: l
     total = len(prompts) * len(temperatures) * repeat * len(sides) + repeat * len(chosen)
     done = 0
     t0 = time.perf_counter()
-    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if peers else None
-    lookup_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx, lookup=True) if chosen else None
+    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx, on=engine.driver.run) if peers else None
+    lookup_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx, lookup=True, on=engine.driver.run) if chosen else None
     is_eog = engine.target.vocab.is_eog
 
     def note(run: Run) -> None:
@@ -129,7 +129,7 @@ def bench_sessions(engine, sessions: list[Session], *, drafters: list[str], max_
     are suite = the session's kind."""
     runs: list[Run] = []
     sides = ["plain", *drafters] + (["llama"] if peers else [])
-    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx) if peers else None
+    plain_peer = LlamaPeer(Path(engine.target.path), engine.n_ctx, on=engine.driver.run) if peers else None
     vocab = engine.target.vocab
     total, done, t0 = sum(len(s.requests) for s in sessions) * len(sides), 0, time.perf_counter()
     try:

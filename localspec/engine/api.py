@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from localspec.engine.adaptive import CostModel
-from localspec.engine.calibration import Calibrator
+from localspec.engine.calibration import Calibrator, remeasure_if_due
 from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.core import Core, Deliver
+from localspec.engine.driver import Driver, Pull
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
-from localspec.engine.events import Event
+from localspec.engine.events import Event, Summary
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import BlockHead, LanguageModel, PredictionHead, Vocabulary
 from localspec.engine.options import EngineOptions, plain_only_warning
-from localspec.engine.ownership import Ownership, remeasure_when_quiet
 from localspec.engine.parallel import Lane
 from localspec.engine.params import GenerationParams
 from localspec.engine.planner import Drafting, Planner
@@ -37,7 +37,7 @@ from localspec.errors import LocalspecError
 
 class Engine:
     """A target model, an optional draft model, and the loop between them: every request a lane of one
-    engine core, held by one thread at a time (engine/ownership.py)."""
+    engine core, and every call into the core on the engine's one thread (engine/driver.py)."""
 
     def __init__(self, target: LanguageModel, draft: LanguageModel | None = None, options: EngineOptions | None = None,
                  *, cost: CostModel | None = None, draft_cost_s: float | None = None,
@@ -48,20 +48,24 @@ class Engine:
         self.draft = draft
         self.self_draft = self_draft
         self.options = options or EngineOptions()
+        # The one thread that calls into the models, from their first measurement on: llama.cpp's CPU
+        # threads are a team per thread that decodes, and a second team in one process slows both.
+        self.driver = Driver()
         self.slots = Slots(target, self.options.cache_reuse)  # the target's KV sequences (engine/slots.py)
         # The target's verify costs: given (tests), or calibrated (trusted cache, or measured now and
         # measured again between requests while untrusted or contradicted: engine/calibration.py).
-        self.calibrator = None if cost is not None else Calibrator(target, self.options.calibrate)
+        self.calibrator = None if cost is not None else self.driver.run(
+            lambda: Calibrator(target, self.options.calibrate))
         steady, changed = self.calibrator.current.tables() if self.calibrator else ({}, None)
         self.cost = cost or CostModel(verify_s=steady, changed_s=changed)
         self.plain_rounds = PlainRounds()  # what plain decoding measured here: the speedup's baseline
         opts = self.options
-        self._drafters: list[Drafter] = build(Sources(
+        self._drafters: list[Drafter] = self.driver.run(lambda: build(Sources(
             target=target, draft=draft, self_draft=self_draft, eagle3=eagle3, dflash=dflash, assistant=assistant,
             p_min=opts.draft_p_min,
             calibrate=opts.calibrate,
             learn_costs=opts.learn_costs, draft_cost_s=draft_cost_s, history=opts.history_drafts,
-            history_file=history_file, tree_leaves=opts.tree_leaves))
+            history_file=history_file, tree_leaves=opts.tree_leaves)))
         self._template = template
         # Whether requests wait for a slot (the server's scheduler sets it): shared steps price drafts by it.
         self.queued: Callable[[], bool] = lambda: False
@@ -77,7 +81,9 @@ class Engine:
                               queued=lambda: self.queued())
         # Every request being generated is a lane of the core's one step loop (engine/core.py).
         self.core = Core(target, self.slots, self.cost, self.plain_rounds, learn=self._learn)
-        self.ownership = Ownership()  # one thread's requests, or the measuring between requests
+        # Readers pull (every lane steps while one waits); a server's scheduler drives the driver with
+        # its own policy beside them.
+        self._pull = self.driver.readers = Pull(self.driver, self._step, self.core.__bool__)
         self.load_warnings: list[str] = []  # what the loader met and the user should hear (files.load_files)
 
     # ------------------------------------------------------------------ setup
@@ -165,13 +171,13 @@ class Engine:
                  draft_len: int | None | str = "default", stop: Sequence[str] = (),
                  cancel: threading.Event | None = None, draft_max: int | None = None,
                  draft_min: int = 0) -> Iterator[Event]:
-        """Prefill, then one Round per draft/verify step, then a Summary: the request added to the core,
-        and the core stepped (with whatever else this thread submitted) until it ends. No draft is
-        longer than `draft_max` (0: none at all) nor shorter than `draft_min`."""
+        """Prefill, then one Round per draft/verify step, then a Summary: the request added to the core
+        at the first `next`, stepped with whatever else is in it (from any thread) while this reader
+        waits. No draft is longer than `draft_max` (0: none at all) nor shorter than `draft_min`."""
         params = GenerationParams.one(sampling, max_tokens=max_tokens, stop=tuple(stop), drafter=drafter,
                                       draft_len=draft_len, draft_max=draft_max, draft_min=draft_min)
-        [request] = self._requests(prompt, params, [0], [cancel or threading.Event()])
-        return self._held(self.core.stream(request, self._planner))
+        requests = self._requests(prompt, params, [0], [cancel or threading.Event()])
+        return (event for _, event in self._read(requests, [0], requests[0].cancel))
 
     def generate_many(self, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
                       max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
@@ -184,7 +190,50 @@ class Engine:
         (one per completion) each."""
         params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
         requests = self._requests(prompt, params, range(params.n), cancels)
-        return self._held(self.core.stream_many(requests, self._planner, cancel or threading.Event()), requests)
+        return self._waves(requests, cancel or threading.Event())
+
+    def _waves(self, requests: list[Request], everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        try:
+            width = self.driver.run(self.free_slots)
+            if width == 0:
+                raise LocalspecError("No KV slot is free for another request.")
+            for first in range(0, len(requests), width):
+                wave = requests[first:first + width]
+                yield from self._read(wave, range(first, first + len(wave)), everyone)
+        finally:
+            for request in requests:
+                request.close()
+
+    def _read(self, requests: list[Request], sequences: Sequence[int],
+              everyone: threading.Event) -> Iterator[tuple[int, Event]]:
+        """The `requests` (those `sequences` of one prompt) added to the core, and their events read as
+        the driver steps it: (sequence, event) until each has its Summary; the failure that ended them is
+        raised. A reader that stops early lets go of its lanes at once (their slots free)."""
+        reader = self._pull.reader()
+
+        def each(i: int) -> Deliver:
+            return lambda item: reader(item if isinstance(item, Exception) else (sequences[i], item))
+
+        lanes: list[Lane] = []
+        try:
+            lanes = self.driver.run(lambda: self.core.add_sequences(requests, self._planner, each, everyone,
+                                                                    iterated=True))
+            left = len(lanes)
+            for item in reader:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                left -= isinstance(item[1], Summary)
+                if not left:
+                    return
+        finally:
+            self.driver.run(lambda: self._let_go(lanes, requests))
+
+    def _let_go(self, lanes: Sequence[Lane], requests: Sequence[Request]) -> None:
+        for lane in lanes:
+            self.core.remove(lane)
+        for request in requests:
+            request.close()
 
     def submit(self, prompt: str | Sequence[int], params: GenerationParams,
                deliver: Callable[[tuple[int, Event] | Exception], None], *,
@@ -195,45 +244,46 @@ class Engine:
         the exception that ended them where their own evaluation failed (the others go on); `cancel`
         ends them all at the next step, `cancels` (one per sequence) each. Several sequences share the
         prompt: evaluated once into the first one's slot and copied, decoded without drafts (each
-        draws as alone would). The first request takes the engine; the others come from the thread
-        stepping it (engine/ownership.py). An `urgent` one (an editor's completion) drafts copies and
-        the history only: the draft model's sequences stay as the others left them. Raises
-        LocalspecError for a request the engine refuses, or for more sequences than free slots."""
+        draws as alone would). Runs on the driver's thread (the caller waits). An `urgent` one (an
+        editor's completion) drafts copies and the history only: the draft model's sequences stay as
+        the others left them. Raises LocalspecError for a request the engine refuses, or for more
+        sequences than free slots."""
         chosen = list(range(params.n) if sequences is None else sequences)
         requests = self._requests(prompt, params, chosen, cancels)
-        if len(requests) > self.free_slots():
-            for request in requests:
-                request.close()
-            raise LocalspecError("No KV slot is free for another request.")
         drafting = self._side if urgent else self.drafting
 
         def each(i: int) -> Deliver:
             return lambda item: deliver(item if isinstance(item, Exception) else (chosen[i], item))
 
-        with self.ownership.holding(self.core.__bool__, requests):
+        def add() -> list[Lane]:
+            if len(requests) > self.free_slots():
+                raise LocalspecError("No KV slot is free for another request.")
             return self.core.add_sequences(requests, lambda request: self._planner(request, drafting), each,
-                                       cancel or threading.Event())
+                                           cancel or threading.Event())
 
-    def step(self, only: Sequence[Lane] | None = None) -> bool:
-        """One step of the core (`only` those lanes, else every one); False once none is left (the engine
-        is free again)."""
         try:
-            self.core.step(only)
+            return self.driver.run(add)
         except BaseException:
-            self.core.drop()
-            raise
-        finally:
-            self.ownership.let_go(bool(self.core))
-        return bool(self.core)
-
-    def _held(self, events: Iterator, requests: Sequence[Request] = ()) -> Iterator:
-        """`events` consumed while this thread holds the engine; `requests` closed after."""
-        try:
-            with self.ownership.holding(self.core.__bool__):
-                yield from events
-        finally:
             for request in requests:
                 request.close()
+            raise
+
+    def step(self, only: Sequence[Lane] | None = None) -> bool:
+        """One step of the core (`only` those lanes, else every one), on the driver's thread; False once
+        none is left. A failure no lane survives is handed to every lane, then raised."""
+        return self.driver.run(lambda: self._step(only))
+
+    def _step(self, only: Sequence[Lane] | None = None) -> bool:
+        try:
+            self.core.step(only)
+        except BaseException as exc:
+            self.core.drop(exc if isinstance(exc, Exception) else None)
+            raise
+        return bool(self.core)
+
+    def abort(self, lane: Lane) -> None:
+        """The lane ends (its summary says "cancelled") at the next step that takes it."""
+        self.core.abort(lane)
 
     def _requests(self, prompt: str | Sequence[int], params: GenerationParams, sequences: Sequence[int],
                   cancels: Sequence[threading.Event] | None) -> list[Request]:
@@ -277,19 +327,29 @@ class Engine:
         """Between requests, never during an answer: measure the target's verify costs again when its
         calibration is due (untrusted at load, or contradicted by live rounds) and the machine is quiet.
         `interrupt` is asked between calibration batches; a request that arrives meanwhile stops it too
-        (generate waits for it to let go). Returns what was done, "" when nothing."""
-        return remeasure_when_quiet(self.calibrator, self.cost, self.ownership, self.slots[0].reset, interrupt)
+        (it waits for the batch being measured). Returns what was done, "" when nothing."""
+        def measure() -> str:
+            if self.core:
+                return ""
+            return remeasure_if_due(self.calibrator, self.cost, self.slots[0].reset,
+                                    lambda: interrupt() or self.driver.pending)
+
+        return self.driver.run(measure)
 
     # ------------------------------------------------------------------ lifetime
 
     def reset(self) -> None:
         """Forget the cached prompt (the next generation evaluates its whole prompt)."""
-        for slot in self.slots:
-            slot.reset()
-        for drafter in self._drafters:
-            drafter.reset()
+        def forget() -> None:
+            for slot in self.slots:
+                slot.reset()
+            for drafter in self._drafters:
+                drafter.reset()
+
+        self.driver.run(forget)
 
     def close(self) -> None:
+        self.driver.close()
         for drafter in self._drafters:
             drafter.close()
         for model in (self.self_draft, self.draft, self.target):

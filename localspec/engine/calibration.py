@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Callable
 
 from localspec import paths
-from localspec.engine.costs import WARM_VERIFIES
+from localspec.engine.costs import WARM_VERIFIES, CostModel
 from localspec.engine.cpu_load import CpuSample, cpu_sample, cpu_usage, others_busy_now
-from localspec.engine.measuring import CALIBRATION_SIZES, costs_of, measure, spread_of
+from localspec.engine.measuring import CALIBRATION_SIZES, Interrupted, costs_of, measure, spread_of
 from localspec.engine.model import LanguageModel
 
 # Trust thresholds.
@@ -379,3 +379,25 @@ def cached_entries() -> list[CacheEntry]:
                               Calibration.from_json(value)))
     return out
 
+
+
+def remeasure_if_due(calibrator: Calibrator | None, cost: CostModel, reset_measured: Callable[[], None],
+                     interrupt: Callable[[], bool]) -> str:
+    """Between requests: measure the target's verify costs again when its calibration is due (untrusted
+    at load, or contradicted by live rounds); `interrupt` stops it between two batches. `reset_measured`
+    empties the sequence measuring used. Returns what was done, "" for nothing."""
+    if calibrator is None or not (why := calibrator.due):
+        return ""
+    measured = calibrator.measurements
+    try:
+        fresh = calibrator.remeasure(cost.scale, interrupt=interrupt)
+    except Interrupted:
+        fresh = None
+    finally:
+        if calibrator.measurements != measured:
+            reset_measured()
+    if fresh is None:
+        return ""
+    steady, changed = fresh.tables()
+    cost.recalibrate(steady, calibrator.reference_scale, changed)
+    return f"measured the target's verify costs again: {why}"

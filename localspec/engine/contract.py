@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Protocol, Sequence
 
 from localspec.engine.drafters import REGISTRY
+from localspec.engine.driver import Driver
 from localspec.engine.events import Event, Summary
 from localspec.engine.model import ImageInput
 from localspec.engine.params import DRAFTER_SETTINGS, GenerationParams, unknown_drafter
@@ -104,6 +105,12 @@ class ServedEngine(ChatEngine, Protocol):
         ...
 
     @property
+    def driver(self) -> Driver:
+        """The engine's one thread: `submit`, `step` and every other call into the models run on it, in
+        the turns of its policy (the server's scheduler drives it)."""
+        ...
+
+    @property
     def chat_template(self) -> str:
         """The Jinja chat template in use: the GGUF's, or the fallback when it has none."""
         ...
@@ -175,6 +182,13 @@ class OneRequestAtATime:
 
     message = "This engine runs one request at a time."
     _running: tuple[Iterator[Any], Callable[[Any], None], int] | None = None  # its events, where they go, summaries left
+    _driver: Driver | None = None
+
+    @property
+    def driver(self) -> Driver:
+        if self._driver is None:
+            self._driver = Driver()
+        return self._driver
 
     @property
     def concurrent(self) -> bool:

@@ -15,16 +15,16 @@ and a recurrent state that cannot go back replays what it keeps). A lone lane's 
 drafted nothing, so the speedup shown measures plain decoding on the same loop.
 So a request decodes the same way whoever else is running: alone it is the one-lane case of the loop
 that shares steps, not a second loop. A lane a step leaves out waits: that time is not its answer's
-(`Request.waited_s`). Which lanes a step takes is policy (`Engine.generate`: every lane; the server's
-scheduler: an editor's completion alone), never the core's.
+(`Request.waited_s`). Every call into the core runs on the engine's one thread (engine/driver.py), and
+which lanes a step takes is its policy's (readers pulling: every lane; the server's scheduler: an
+editor's completion within its share), never the core's.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from localspec.engine.adaptive import CostModel
 from localspec.engine.answer import Answer
@@ -38,24 +38,8 @@ from localspec.engine.sampling import InfillVocab, Sampler
 from localspec.engine.slots import Slots
 from localspec.engine.speculative import Step
 from localspec.engine.speedup import PlainRounds, SpeedupMeter
-from localspec.errors import LocalspecError
 
 Deliver = Callable[[Event | Exception], None]
-
-
-class Inbox:
-    """What the core delivers to the lanes an iterator yields for (`Core.events`): their events, or the
-    failure of their own evaluation (which ends them and no other lane)."""
-
-    def __init__(self) -> None:
-        self.items: deque = deque()
-        self.failure: Exception | None = None
-
-    def __call__(self, item) -> None:
-        if isinstance(item, Exception):
-            self.failure = item
-        else:
-            self.items.append(item)
 
 
 class Core:
@@ -108,51 +92,6 @@ class Core:
         return [lead] + [self.add(request, None, deliver(i), everyone=everyone, follows=lead, iterated=iterated)
                          for i, request in enumerate(sequences[1:], 1)]
 
-    def stream(self, request: Request, planner: Callable[[Request], Planner]) -> Iterator[Event]:
-        """The request's events as an iterator: it is added, and every lane stepped until it ends. Where
-        a step fails for every lane, the others are let go too (the caller tells their clients); a
-        consumer that stops early leaves them running."""
-        inbox = Inbox()
-        try:
-            lane = self.add(request, planner(request), inbox, iterated=True)
-        except BaseException:
-            request.close()  # (no slot, or a refused prompt: nothing else touched)
-            raise
-        try:
-            yield from self.events([lane], inbox)
-        except GeneratorExit:
-            raise
-        except BaseException:
-            if inbox.failure is None:  # (its own evaluation failed: the others go on)
-                self.drop()
-            raise
-        finally:
-            request.close()
-            self.remove(lane)
-
-    def stream_many(self, requests: list[Request], planner: Callable[[Request], Planner],
-                    everyone: threading.Event) -> Iterator[tuple[int, Event]]:
-        """Completions of one prompt as (which, event): as many at a time as slots are free, stepped
-        alone, one wave after another."""
-        width = len(self.slots.free())
-        if width == 0:
-            raise LocalspecError("No KV slot is free for another request.")
-        for first in range(0, len(requests), width):
-            wave, inbox = requests[first:first + width], Inbox()
-
-            def deliver(i: int, first: int = first, inbox: Inbox = inbox) -> Deliver:
-                return lambda event: inbox(event if isinstance(event, Exception) else (first + i, event))
-
-            lanes: list[Lane] = []
-            try:
-                lanes = self.add_sequences(wave, planner, deliver, everyone, iterated=True)
-                yield from self.events(lanes, inbox, only=lanes)
-            finally:
-                for lane in lanes:
-                    self.remove(lane)
-                for request in wave:
-                    request.close()  # its slot is free for the next wave
-
     def _prompt_in(self, lane: Lane, prefill: Prefill) -> None:
         """Its prompt is in: a point its slot can return to (a recurrent state's checkpoint), its drafters
         ready to draft after it, its Prefill delivered."""
@@ -186,20 +125,7 @@ class Core:
     def __len__(self) -> int:
         return len(self.lanes)
 
-    def events(self, lanes: list[Lane], inbox: Inbox, only: list[Lane] | None = None) -> Iterator:
-        """Step (`only` those lanes, else every lane) until `lanes` are retired, yielding what they get
-        (through `inbox`, their `deliver`); their own failure is raised."""
-        while True:
-            while inbox.items:
-                yield inbox.items.popleft()
-            if inbox.failure is not None:
-                raise inbox.failure
-            if not any(lane is held for lane in lanes for held in self.lanes):
-                return
-            self.step(only)
-
-    @staticmethod
-    def abort(lane: Lane) -> None:
+    def abort(self, lane: Lane) -> None:
         """It ends (its summary says "cancelled") at the next step that takes it."""
         lane.request.cancel.set()
 
@@ -251,9 +177,11 @@ class Core:
         if any(other is lane for other in self.lanes):
             self._forget(lane)
 
-    def drop(self) -> None:
-        """Let go of every lane (the caller tells their clients why)."""
+    def drop(self, failure: Exception | None = None) -> None:
+        """Let go of every lane, handing each the `failure` no lane survived."""
         for lane in list(self.lanes):
+            if failure is not None:
+                self._send(lane, failure)
             self._forget(lane)
 
     # ------------------------------------------------------------------ lanes

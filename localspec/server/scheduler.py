@@ -1,8 +1,8 @@
-"""The server's scheduler: an admission policy over the engine core (`Engine.submit`, `step`) and the
-adapter between its thread and the event loop.
+"""The server's scheduler: the policy that drives the engine's thread (engine/driver.py) over the core
+(`Engine.submit`, `step`), and the adapter between that thread and the event loop.
 
-One thread owns the engine. Each turn of its loop admits what the policy lets in, takes one step of
-the requests in the engine, and one step of a `call`. A request's events cross to the event loop
+Each turn of the engine's thread admits what the policy lets in, takes one step of the requests in
+the engine, and one step of a `call`. A request's events cross to the event loop
 (server/handoff.py); a client that goes away sets the request's cancel event, and its request
 ends at the next step. Requests that share a prompt prefix (an editor completing in one file, a
 chat's next turn) reuse the KV cache the engine keeps in its slots.
@@ -148,7 +148,8 @@ class Scheduler:
         self._jobs: collections.deque[Job] = collections.deque()    # waiting, in arrival order
         self._urgent: collections.deque[Job] = collections.deque()  # waiting latency-bound jobs
         self._chores: collections.deque[Callable[[], bool]] = collections.deque()  # `call`s: True once finished
-        self._changed = threading.Condition()  # guards the queues; notified when work arrives or on close
+        self._driver = engine.driver  # the engine's one thread; this scheduler is its policy
+        self._changed = self._driver.changed  # guards the queues; notified when work arrives or on close
         self._closing = False
         self.interject = interject and engine.concurrent
         self.batch = batch and engine.concurrent
@@ -163,8 +164,7 @@ class Scheduler:
         self._others_step_s = 0.0  # how long a step of the other answers takes without a completion (average)
         self._step_s = 0.0  # how long the latest step took: the next one's events are expected as long after
         engine.queued = self._queued  # shared steps price drafts by whether requests wait for a slot
-        self._thread = threading.Thread(target=self._work, name="localspec-engine", daemon=True)
-        self._thread.start()
+        self._driver.drive(self)
 
     @property
     def waiting(self) -> int:
@@ -189,7 +189,7 @@ class Scheduler:
             if job.urgent:
                 self._editor_at = self._clock()
             (self._urgent if job.urgent and self.interject else self._jobs).append(job)
-            self._changed.notify()
+            self._driver.wake()
         self._handoff.watch(job)
         finished = False
         try:
@@ -237,7 +237,7 @@ class Scheduler:
         with self._changed:
             self._check_room()
             self._chores.append(chore)
-            self._changed.notify()
+            self._driver.wake()
         return await done
 
     def _check_room(self) -> None:
@@ -262,26 +262,23 @@ class Scheduler:
         """Stop taking work, let the running generation end, then free the models."""
         with self._changed:
             self._closing = True
-            self._changed.notify()
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
+            self._changed.notify_all()
+        if self._driver.close(timeout):
             self.engine.close()
 
-    def _work(self) -> None:
-        """The engine's thread: admit what the policy lets in, step, one step of a `call`; once nothing
-        has arrived for a while, the engine's maintenance."""
-        while True:
-            with self._changed:
-                while not (self._jobs or self._urgent or self._chores or self._active or self._closing):
-                    self._changed.wait()
-                if self._closing and not (self._jobs or self._urgent or self._chores or self._active):
-                    return
-            self._admit()
-            if self._active:
-                self._step()
-                if not self._active and self._idle_for(MAINTAIN_AFTER_IDLE_S):
-                    self._maintain()
-            self._chore()
+    def wanted(self) -> bool:
+        """(Holding `_changed`.) Whether a turn has work."""
+        return bool(self._jobs or self._urgent or self._chores or self._active)
+
+    def turn(self) -> None:
+        """A turn of the engine's thread: admit what the policy lets in, step, one step of a `call`; once
+        nothing has arrived for a while, the engine's maintenance."""
+        self._admit()
+        if self._active:
+            self._step()
+            if not self._active and self._idle_for(MAINTAIN_AFTER_IDLE_S):
+                self._maintain()
+        self._chore()
 
     # ------------------------------------------------------------------ admission (the policy)
 
@@ -407,7 +404,8 @@ class Scheduler:
         """True when no request arrived for this long: a measurement between requests makes the next
         one wait for its current batch, so it starts only once requests have paused."""
         with self._changed:
-            return not self._changed.wait_for(lambda: self._jobs or self._urgent or self._chores or self._closing,
+            return not self._changed.wait_for(lambda: self._jobs or self._urgent or self._chores or self._closing
+                                              or self._driver.pending,
                                               timeout=seconds)
 
     def _maintain(self) -> None:

@@ -3,8 +3,9 @@
 llama.cpp decodes with a thread per core, and its threads wait for each other at every operation: a
 core taken by the app's drawing stalls all of them, far beyond the share it takes. So on Linux the
 thread that draws (the event loop) gives up its priority to the engine. A thread inherits the priority
-of the thread that starts it, so the engine's thread is started first: loading, answering and the work
-between answers run there, and llama.cpp's threads start from it.
+of the thread that starts it, so this thread is started first: loading, reading answers and the work
+between answers are asked from it, so the engine's driver thread (engine/driver.py), and llama.cpp's
+threads in turn, start from it.
 """
 
 from __future__ import annotations
