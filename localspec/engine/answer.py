@@ -8,17 +8,17 @@ import time
 
 from localspec.engine.events import Prefill, Round, Summary, Tally
 from localspec.engine.model import Vocabulary
+from localspec.engine.params import GenerationParams
 from localspec.engine.session import TextStream
 from localspec.engine.speculative import Step
 from localspec.engine.speedup import Speedup, SpeedupMeter
 
 
 class Answer:
-    def __init__(self, vocab: Vocabulary, max_tokens: int, stop: tuple[str, ...], meter: SpeedupMeter,
-                 started: float):
+    def __init__(self, vocab: Vocabulary, params: GenerationParams, meter: SpeedupMeter, started: float):
         self.vocab = vocab
-        self.max_tokens = max_tokens
-        self.stream = TextStream(stop)
+        self.params = params     # its request's settings: the budget and the stop strings are read there
+        self.stream = TextStream(params.stop)
         self.tally = Tally()
         self.meter = meter
         self.started = started   # when the request arrived (time to first token counts from here)
@@ -39,7 +39,7 @@ class Answer:
 
     def remaining(self) -> int:
         """Tokens this answer may still have (its request's budget: the one count of it)."""
-        return max(self.max_tokens - self.tally.generated, 0)
+        return max(self.params.max_tokens - self.tally.generated, 0)
 
     def finish(self, stop_reason: str, prefill: Prefill, wall_s: float, estimate_tokens_per_s: float,
                drafter: str, kv_tokens: int) -> list[Round | Summary]:

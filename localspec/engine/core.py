@@ -195,5 +195,5 @@ class Core:
         vocab = self.target.vocab
         infill = InfillVocab(is_eog=vocab.is_eog, piece=vocab.token_bytes, eot=vocab.eot if vocab.eot >= 0 else vocab.eos)
         return Lane(request, request.kv, list(request.prompt), Sampler(request.sampling, infill),
-                    Answer(vocab, request.max_tokens, request.stop, meter, t0),
+                    Answer(vocab, request.params, meter, t0),
                     everyone or request.cancel, None, cached, deliver=deliver, started=t0)
