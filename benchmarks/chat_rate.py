@@ -121,9 +121,15 @@ def chat_rate(entry: str, env: dict, home: Path, connect: bool) -> dict:
         stale.unlink()
     command = f"{EXE} chat {'--connect' if connect else entry} --no-history-drafts"
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
-    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45",
-                    "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME")],
-                    *command.split()], check=True)
+    for attempt in range(3):  # a tmux server still exiting from the last session refuses a new one
+        started = subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45",
+                                  "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME")],
+                                  *command.split()], capture_output=True, text=True)
+        if started.returncode == 0:
+            break
+        time.sleep(1)
+    else:
+        raise SystemExit(f"tmux did not start the chat app: {started.stderr.strip()}")
     try:
         deadline = time.monotonic() + 600
         while "is ready" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION],
