@@ -6,9 +6,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from localspec.engine.events import Prefill, Round, Tally
-from localspec.engine.contract import (ChatEngine, OneRequestAtATime, ServedEngine, available_drafters,
-                                       unavailable_drafter)
+from localspec.engine.contract import ChatEngine, ServedEngine, available_drafters, unavailable_drafter
+from localspec.engine.driver import Driver
+from localspec.engine.events import Prefill, Round, Summary, Tally
 from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.tui.provider import Choice
 
@@ -38,9 +38,9 @@ class ScriptedVocab:
 
 
 @dataclass
-class ScriptedEngine(OneRequestAtATime):
+class ScriptedEngine:
     """Implements `ChatEngine` and `ServedEngine` (localspec.engine.contract); mypy checks it does
-    (tests/test_layers.py)."""
+    (tests/test_layers.py). Its `slots` sequences are stepped together, each step one event of each."""
 
     steps: list = field(default_factory=lambda: list(STEPS))
     delay: float = 0.0
@@ -55,6 +55,60 @@ class ScriptedEngine(OneRequestAtATime):
     warnings: list[str] = field(default_factory=list)
     vocab: ScriptedVocab = field(default_factory=ScriptedVocab)
     chat_template: str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    slots: int = 1
+    running: list = field(default_factory=list)  # [sequence, its events, deliver, its cancel, the request's]
+    _driver: Driver | None = None
+
+    @property
+    def driver(self) -> Driver:
+        if self._driver is None:
+            self._driver = Driver()
+        return self._driver
+
+    @property
+    def concurrent(self) -> bool:
+        return self.slots > 1
+
+    def free_slots(self) -> int:
+        return self.slots - len(self.running)
+
+    def submit(self, prompt, params, deliver, *, cancel=None, cancels=None, sequences=None, urgent=False):
+        chosen = list(range(params.n) if sequences is None else sequences)
+        if len(chosen) > self.free_slots():
+            raise LocalspecError("No KV slot is free for another request.")
+        everyone = cancel or threading.Event()
+        added = []
+        for seq in chosen:
+            own = cancels[seq] if cancels is not None else everyone
+            events = self.generate(prompt, max_tokens=params.max_tokens, sampling=params.samplings[seq],
+                                   drafter=params.drafter, draft_len=params.draft_len, stop=params.stop, cancel=own)
+            added.append([seq, events, deliver, own, everyone])
+        self.running.extend(added)
+        return added
+
+    def step(self, only=None):
+        for entry in [e for e in self.running if only is None or any(e is o for o in only)]:
+            seq, events, deliver, own, everyone = entry
+            if everyone.is_set():
+                own.set()
+            try:
+                event = next(events)
+            except Exception as exc:
+                self.running.remove(entry)
+                deliver(exc)
+                continue
+            if isinstance(event, Summary):
+                self.running.remove(entry)
+            deliver((seq, event))
+        return bool(self.running)
+
+    def generate_many(self, prompt, samplings, *, max_tokens=512, stop=(), drafter=None, cancel=None, cancels=None):
+        """Each completion generated in turn."""
+        for seq, sampling in enumerate(samplings):
+            own = cancels[seq] if cancels is not None else cancel
+            for event in self.generate(prompt, max_tokens=max_tokens, sampling=sampling, drafter=drafter, stop=stop,
+                                       cancel=own):
+                yield seq, event
 
     @property
     def drafters(self) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "localspec.history": 2, "localspec.selfdraft": 2, "localspec.bench": 2, "localspec.benchplot": 2,
     "localspec.loader": 2, "localspec.names": 2, "localspec.structured": 2, "localspec.call_stream": 2,
     "localspec.doctor": 2, "localspec.checks": 2,
-    "localspec.inventory": 2, "localspec.rpc": 2, "localspec.hosted": 2,
+    "localspec.inventory": 2, "localspec.rpc": 2, "localspec.hosted": 2, "localspec.hosted_child": 2,
     "localspec.tui": 3, "localspec.server": 3,
     "localspec.cli": 4, "localspec.cli_bench": 4, "localspec.cli_options": 4, "localspec.cli_reference": 4,
 }

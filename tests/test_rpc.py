@@ -135,6 +135,51 @@ def test_the_target_split_over_two_workers_answers_as_the_local_run(smollm2_path
 
 @needs_rpc
 @pytest.mark.model
+def test_requests_from_two_threads_join_the_steps_of_the_engine_in_its_process(smollm2_path, two_workers):
+    """The engine in its child process serves as one in process: two readers at once are decoded in
+    the same steps, each answered as it is alone; a third finds no slot; a reader that stops early
+    frees its slot."""
+    from localspec.engine.events import Round, Summary, answer_tokens
+    from localspec.engine.sampling import SamplingSettings
+    from localspec.loader import load
+
+    greedy = SamplingSettings(temperature=0)
+    asks = [[{"role": "user", "content": "Count from one to ten."}], [{"role": "user", "content": "Name three colours."}]]
+    with load(str(smollm2_path), n_ctx=1024, calibrate=False, history="off", slots=2,
+              rpc=[w.endpoint for w in two_workers]) as engine:
+        assert engine.concurrent and engine.free_slots() == 2
+        alone = [answer_tokens(engine.chat(ask, max_tokens=24, sampling=greedy, drafter="none")) for ask in asks]
+        events: dict[int, list] = {}
+        started = threading.Barrier(2)
+
+        def read(i: int) -> None:
+            stream = engine.chat(asks[i], max_tokens=24, sampling=greedy, drafter="none")
+            started.wait()
+            events[i] = list(stream)
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(120)
+        assert [answer_tokens(events[i]) for i in range(2)] == alone
+        assert all(isinstance(events[i][-1], Summary) for i in range(2))
+        assert any(e.shared for i in range(2) for e in events[i] if isinstance(e, Round))  # in the same steps
+
+        first, second = (engine.chat(ask, max_tokens=200, drafter="none") for ask in asks)
+        next(first), next(second)
+        with pytest.raises(LocalspecError, match="No KV slot is free"):
+            next(engine.chat(asks[0], max_tokens=4))
+        first.close()  # let go early: its slot is free for the next
+        assert engine.free_slots() == 1
+        third = list(engine.chat(asks[0], max_tokens=4, drafter="none"))
+        assert third[-1].generated_tokens == 4
+        second.close()
+        assert engine.free_slots() == 2
+
+
+@needs_rpc
+@pytest.mark.model
 def test_run_with_workers_and_with_one_down(smollm2_home, two_workers):
     env = {**os.environ, "LOCALSPEC_HOME": str(smollm2_home)}
     spread = ",".join(w.endpoint for w in two_workers)

@@ -9,14 +9,13 @@ and the model files, take the local `Engine` itself. Checked by mypy (tests/test
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from localspec.engine.drafters import REGISTRY
 from localspec.engine.driver import Driver
-from localspec.engine.events import Event, Summary
+from localspec.engine.events import Event
 from localspec.engine.model import ImageInput
 from localspec.engine.params import DRAFTER_SETTINGS, GenerationParams, unknown_drafter
-from localspec.errors import LocalspecError
 
 Deliver = Callable[[Any], None]  # where a submitted request's events go (or the exception that ended it)
 
@@ -173,83 +172,3 @@ class ServedEngine(ChatEngine, Protocol):
     def step(self, only: Sequence[Any] | None = None) -> bool:
         """One step of the submitted requests (`only` those handles, else all); False once none is left."""
         ...
-
-
-class OneRequestAtATime:
-    """`ServedEngine`'s submit/step for an engine that decodes one sequence at a time (the hosted engine,
-    the tests' scripted one): one request is in at a time, each step hands over its next event, and
-    several completions of one prompt are generated in turn."""
-
-    message = "This engine runs one request at a time."
-    _running: tuple[Iterator[Any], Callable[[Any], None], int] | None = None  # its events, where they go, summaries left
-    _driver: Driver | None = None
-
-    @property
-    def driver(self) -> Driver:
-        if self._driver is None:
-            self._driver = Driver()
-        return self._driver
-
-    @property
-    def concurrent(self) -> bool:
-        return False
-
-    def free_slots(self) -> int:
-        return 0 if self._running else 1
-
-    def submit(self: Any, prompt: str | Sequence[int], params: GenerationParams, deliver: Deliver, *,
-               cancel: threading.Event | None = None, cancels: Sequence[threading.Event] | None = None,
-               sequences: Sequence[int] | None = None, urgent: bool = False) -> Sequence[object]:
-        chosen = list(range(params.n) if sequences is None else sequences)
-        self._admit(self._in_turn(prompt, params, chosen, cancel or threading.Event(), cancels), deliver, len(chosen))
-        return [self._running]
-
-    def _admit(self, events: Iterator[Any], deliver: Callable[[Any], None], summaries: int) -> None:
-        if self._running:
-            raise LocalspecError(self.message)
-        self._running = (events, deliver, summaries)
-
-    def step(self, only: Sequence[Any] | None = None) -> bool:
-        if self._running is None:
-            return False
-        events, deliver, left = self._running
-        try:
-            item = next(events)
-        except StopIteration:
-            self._running = None
-            return False
-        except Exception as exc:
-            self._running = None
-            deliver(exc)
-            return False
-        left -= isinstance(item[1], Summary)
-        self._running = (events, deliver, left) if left else None
-        deliver(item)
-        if not left and isinstance(events, Generator):
-            events.close()
-        return self._running is not None
-
-    def generate_many(self: Any, prompt: str | Sequence[int], samplings: Sequence[SamplingSettings], *,
-                      max_tokens: int = 512, stop: Sequence[str] = (), drafter: str | None = None,
-                      cancel: threading.Event | None = None,
-                      cancels: Sequence[threading.Event] | None = None) -> Iterator[tuple[int, Event]]:
-        """Each completion generated in turn."""
-        params = GenerationParams(max_tokens, tuple(samplings), tuple(stop), drafter)
-        everyone = cancel or threading.Event()
-        events: Iterator[tuple[int, Event]] = self._in_turn(prompt, params, range(params.n), everyone, cancels)
-        return events
-
-    def _in_turn(self: Any, prompt: str | Sequence[int], params: GenerationParams, chosen: Sequence[int],
-                 everyone: threading.Event, cancels: Sequence[threading.Event] | None) -> Iterator[tuple[int, Event]]:
-        """The `chosen` sequences generated one after another; `everyone` ends them all (seen between
-        events where each has its own of `cancels`)."""
-        for seq in chosen:
-            own = cancels[seq] if cancels is not None else everyone
-            if everyone.is_set():
-                own.set()
-            for event in self.generate(prompt, max_tokens=params.max_tokens, sampling=params.samplings[seq],
-                                       drafter=params.drafter, draft_len=params.draft_len, stop=params.stop,
-                                       cancel=own, draft_max=params.draft_max, draft_min=params.draft_min):
-                yield seq, event
-                if everyone.is_set():
-                    own.set()
