@@ -340,8 +340,10 @@ def test_each_dialects_draft_bounds_reach_the_planner_and_the_answer_says_who_dr
     a request's drafts; `localspec.by_drafter` says what each drafter proposed and the target kept."""
     prompt = "one two three four five six seven, one two three four five six seven, one two three four five six seven,"
 
+    # A forced length (draft_len) makes every round offer a draft longer than the cap, whatever the
+    # planner's costs and bound would choose on the machine that runs the test.
     def completion(**extra):
-        body = {"prompt": prompt, "n_predict": 40, "temperature": 0, "drafter": "ngram", **extra}
+        body = {"prompt": prompt, "n_predict": 40, "temperature": 0, "drafter": "ngram", "draft_len": 6, **extra}
         reply = post(server, "/completion", body)
         assert reply.status_code == 200, reply.text
         return reply.json()
@@ -368,7 +370,7 @@ def test_each_dialects_draft_bounds_reach_the_planner_and_the_answer_says_who_dr
 
     def chat_drafts(**bounds):
         rounds = remote.chat([{"role": "user", "content": f"Repeat exactly: {prompt}"}], max_tokens=40,
-                             sampling=SamplingSettings(temperature=0.0), drafter="ngram", **bounds)
+                             sampling=SamplingSettings(temperature=0.0), drafter="ngram", draft_len=6, **bounds)
         return [len(r.accepted) + len(r.rejected) for r in rounds if isinstance(r, Round)]
 
     try:
