@@ -311,7 +311,9 @@ class HostedEngine:
         remote = self._open.get(rid)
         if remote is None:
             return
-        remote.cancel.set()
+        if None not in remote.told:  # (the reader's cancel event stays as it was)
+            remote.told.add(None)
+            self._send(("cancel", rid, None))
         deadline = time.monotonic() + 30
         while rid in self._open and time.monotonic() < deadline:
             self._turn()
