@@ -249,14 +249,7 @@ class HostedEngine:
         handles: list[int] = []
         try:
             handles = self.submit(prompt, params, reader, cancel=everyone, cancels=cancels, sequences=sequences)
-            left = len(sequences)
-            for item in reader:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                left -= isinstance(item[1], Summary)
-                if not left:
-                    return
+            yield from reader.answers(len(sequences))
         finally:
             for rid in handles:
                 self.driver.run(lambda: self._let_go(rid))

@@ -19,7 +19,7 @@ from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.core import Core, Deliver
 from localspec.engine.driver import Driver, Pull
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
-from localspec.engine.events import Event, Summary
+from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import BlockHead, LanguageModel, PredictionHead, Vocabulary
 from localspec.engine.options import EngineOptions, plain_only_warning
@@ -218,14 +218,7 @@ class Engine:
         try:
             lanes = self.driver.run(lambda: self.core.add_sequences(requests, self._planner, each, everyone,
                                                                     iterated=True))
-            left = len(lanes)
-            for item in reader:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                left -= isinstance(item[1], Summary)
-                if not left:
-                    return
+            yield from reader.answers(len(lanes))
         finally:
             self.driver.run(lambda: self._let_go(lanes, requests))
 

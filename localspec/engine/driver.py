@@ -16,6 +16,8 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Iterator, Protocol, TypeVar
 
+from localspec.engine.events import Summary
+
 T = TypeVar("T")
 
 # An idle driver's thread ends after this long and starts again with the next work, so an engine
@@ -167,6 +169,18 @@ class Reader:
 
     def __iter__(self) -> Iterator:
         return self
+
+    def answers(self, sequences: int) -> Iterator:
+        """(sequence, event) items until each of `sequences` has had its Summary; a failure handed over
+        instead is raised."""
+        left = sequences
+        for item in self:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            left -= isinstance(item[1], Summary)
+            if not left:
+                return
 
     def __next__(self):
         """The next item, stepping the engine until one comes; StopIteration once nothing is left to
