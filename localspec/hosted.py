@@ -260,9 +260,8 @@ class HostedEngine:
         """The request into the child's engine (loaded again first where its process has died); raises
         what the engine refused it with. `urgent` drafts as in process; the child steps every request it
         holds together."""
-        remote = _Remote(deliver, cancel or threading.Event(), cancels,
-                         list(range(params.n) if sequences is None else sequences), 0)
-        remote.left = len(remote.sequences)
+        chosen = list(range(params.n) if sequences is None else sequences)
+        remote = _Remote(deliver, cancel or threading.Event(), cancels, chosen, len(chosen))
         message = prompt if isinstance(prompt, str) else list(prompt)
         return self.driver.run(lambda: self._submit(message, params, remote, urgent))
 
