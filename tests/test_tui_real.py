@@ -1,5 +1,6 @@
 """The chat app end to end on the real engine: SmolLM2-135M through llama.cpp, no fakes."""
 
+import sys
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from localspec.config import ChatSettings, UserConfig
 from localspec.tui import spans as sp
 from localspec.tui.app import create_app
+from localspec.tui.engine_thread import ENGINE_SWITCH_S
 from localspec.tui.provider import LocalProvider
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
@@ -24,8 +26,10 @@ async def test_real_engine_streams_through_the_ui(smollm2_path):
     # AVX2 cost shape the planner may draft nothing), and this test is about showing drafts.
     config = UserConfig(chat=ChatSettings(max_tokens=40, drafter="ngram", draft_len=4))
     app = create_app(str(smollm2_path), provider=LocalProvider(n_ctx=1024), config=config)
+    pythons_own = sys.getswitchinterval()
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.engine is not None, 120)
+        assert sys.getswitchinterval() == ENGINE_SWITCH_S < pythons_own  # the engine's thread waits less
         for ch in "List the days of the week, then list them again.":
             await pilot.press(ch if ch != " " else "space")
         await pilot.press("enter")
@@ -44,3 +48,4 @@ async def test_real_engine_streams_through_the_ui(smollm2_path):
         assert "".join(t for k, t in spans if k == sp.ACCEPTED)
         engine = app.engine
     assert engine.target.closed  # quitting freed the model
+    assert sys.getswitchinterval() == pythons_own

@@ -7,6 +7,7 @@ chat screen (`tui/chat.py`) draws a conversation, and `Conversations` keeps them
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from textual import on, work
@@ -21,7 +22,7 @@ from localspec.errors import LocalspecError
 from localspec.history import History
 from localspec.tui.chat import ChatScreen
 from localspec.tui.conversations import Conversations, LoadedModel
-from localspec.tui.engine_thread import EngineThread, lower_priority
+from localspec.tui.engine_thread import EngineThread, lower_priority, prefer_the_engine
 from localspec.tui.provider import LocalProvider, Provider
 from localspec.tui.screens import HelpScreen, ModelPicker
 
@@ -60,6 +61,7 @@ class ChatApp(App):
         self.model = LoadedModel()
         self.chat = ChatScreen(self.chats, self.model, requested=entry_id, run_engine=self.engine_thread.run)
         self._quitting = False
+        self._switch_interval: float | None = None  # Python's own, while the engine's is set (on_mount)
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat
@@ -86,6 +88,8 @@ class ChatApp(App):
         self.chat.action_export_conversation()
 
     def on_mount(self) -> None:
+        if isinstance(self.provider, LocalProvider):  # the engine decodes in this process
+            self._switch_interval = prefer_the_engine()
         if self.yield_cpu:
             lower_priority()
             if not isinstance(self.provider, LocalProvider):  # the engine is a server's: all of the app yields
@@ -98,6 +102,8 @@ class ChatApp(App):
             self.engine.close()
         self.engine_thread.close()
         self.history.close()
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
 
     # ------------------------------------------------------------------ models
 

@@ -1,4 +1,5 @@
-"""The chat app's engine on a thread of its own, and the app's own thread at a lower priority.
+"""The chat app's engine on a thread of its own, the app's own thread at a lower priority, and the
+interpreter's lock handed to the engine's thread soon after it asks.
 
 llama.cpp decodes with a thread per core, and its threads wait for each other at every operation: a
 core taken by the app's drawing stalls all of them, far beyond the share it takes. So on Linux the
@@ -17,6 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+
+# How long the engine's thread may wait for Python's interpreter lock while the app's thread runs Python
+# (sys.setswitchinterval; Python's default is 5 ms). After every call into llama.cpp the engine's thread
+# needs the lock back before its next decode, and llama.cpp's threads sit idle until it has it; while the
+# app draws a frame, that wait is the whole interval.
+ENGINE_SWITCH_S = 0.0005
 
 # The kernel's lowest priority: the app draws on what llama.cpp's threads leave (between decodes, and the
 # Python work of each round); on an idle machine it runs as fast as ever.
@@ -49,3 +56,11 @@ def lower_priority(nice: int = UI_NICE) -> bool:
     except OSError:
         return False
     return True
+
+
+def prefer_the_engine(interval_s: float = ENGINE_SWITCH_S) -> float:
+    """The interpreter hands its lock to a waiting thread after `interval_s` (the engine's thread waits no
+    longer than that behind the app's); returns the interval it had, for the app to put back."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval_s, before))
+    return before
