@@ -1,10 +1,11 @@
 """One chat at a time through `/v1/chat/completions`: `localspec serve` against llama.cpp's `llama-server`
 on the same file (by default nothing drafted: the rate of the engine's own path).
 
-Both servers are up at once and asked in turn, one streamed chat each per pair, the order alternated per
-pair (whoever runs second is often faster here); the rate is the client's: tokens after the first over
-the time after the first, the same way for both. Prints the median per-pair ratio and a bootstrap 90%
-interval of that median (a 1% difference needs 30+ pairs on a small machine).
+Both servers are up at once and asked in turn, one streamed chat each per pair, the order alternated
+from pair to pair within each suite (whoever runs second is often faster here, by 3% or more); the
+rate is the client's: tokens after the first over the time after the first, the same way for both.
+Prints the median per-pair ratio and a bootstrap 90% interval of that median (a 1% difference needs 30+
+pairs on a small machine).
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/wire_rate.py --pairs 40 [--json out.json]
     LLAMA_SERVER=... .venv/bin/python benchmarks/wire_rate.py --drafter auto --serve-defaults --pairs 30
@@ -68,8 +69,10 @@ def main() -> None:
         theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
         for name in urls:  # a first answer each, not counted (loads, first-use allocations)
             rate(urls[name], questions[-1], 16)
+        turns: dict[str, int] = {}  # each suite's pairs so far: the order alternates within every suite
         for i, (suite, ident, question) in enumerate(asked):
-            order = list(urls) if i % 2 == 0 else list(urls)[::-1]
+            turns[suite] = turns.get(suite, -1) + 1
+            order = list(urls) if turns[suite] % 2 == 0 else list(urls)[::-1]
             got = {name: rate(urls[name], question, args.tokens) for name in order}
             rows.append({"pair": i, "suite": suite, "prompt": ident, "first": order[0], **got,
                          "ratio": got["localspec"] / got["llama-server"]})
