@@ -2,12 +2,15 @@
 
     .venv/bin/python benchmarks/chat_rate.py                       # the default pair, 400 tokens, 3 repeats
     .venv/bin/python benchmarks/chat_rate.py --modes in-process,connect --repeat 3 --json out.json
+    git worktree add /tmp/before HEAD~1 && .venv/bin/python benchmarks/chat_rate.py --against /tmp/before
 
 Each repeat answers the prompt with `localspec run` and with the real `localspec chat` in a real terminal
 (tmux, 160x45), in-process and `--connect`ed to a `localspec serve`, the order rotated from repeat to
 repeat; greedy, drafting history off, a fresh conversation each time. With `--connect` in the modes, a
 client without a screen (`bare`: the app's own client code, reading the same stream) answers too: what
-the server path alone leaves of `run`'s rate, so that the app's share of `--connect`'s cost shows. Both rates are the engine's own
+the server path alone leaves of `run`'s rate, so that the app's share of `--connect`'s cost shows. With
+`--against DIR` (a checkout of another revision) that revision's chat app answers too, in each mode, in
+the same rotation (`in-process@against`): a change to the app compared with what it changed, in one run. Both rates are the engine's own
 summary (generated tokens over the answer's wall time): `run` prints it, the chat stores it with the
 answer. While the chat streams, the app's CPU is sampled: its main thread (the UI's event loop) in
 process, the whole client process with `--connect`. The frames a second are the bursts of output the app
@@ -123,7 +126,7 @@ def chat_rate(entry: str, env: dict, home: Path, connect: bool) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     for attempt in range(3):  # a tmux server still exiting from the last session refuses a new one
         started = subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45",
-                                  "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME")],
+                                  "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME", "PYTHONPATH")],
                                   *command.split()], capture_output=True, text=True)
         if started.returncode == 0:
             break
@@ -173,6 +176,7 @@ def main() -> None:
     ap.add_argument("--modes", default="in-process,connect", help="in-process, connect, or both")
     ap.add_argument("--draws", choices=("smooth", "sparingly"), default="smooth",
                     help="the chat app's settings.yaml `chat_draws` (sparingly: it yields the CPU to the engine)")
+    ap.add_argument("--against", type=Path, help="a checkout of another revision whose chat app answers too")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--bare-client", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--frame-log", type=Path, help=argparse.SUPPRESS)
@@ -188,6 +192,8 @@ def main() -> None:
     home = own_home(args.max_tokens, args.draws)
     env = {**os.environ, "LOCALSPEC_HOME": str(home)}
     modes = args.modes.split(",")
+    if args.against:
+        modes += [f"{mode}@against" for mode in modes]
     sides = ["run", *modes, *(["bare"] if "connect" in modes else [])]
     server = None
     if "connect" in modes:
@@ -207,7 +213,9 @@ def main() -> None:
                 elif side == "bare":
                     got = bare_rate(env, args.max_tokens)
                 else:
-                    got = chat_rate(args.entry, env, home, side == "connect")
+                    mode, _, against = side.partition("@")
+                    got = chat_rate(args.entry, {**env, "PYTHONPATH": str(args.against.resolve())} if against else env,
+                                    home, mode == "connect")
                 rows.append({"repeat": i, "side": side, **got})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -225,9 +233,9 @@ def main() -> None:
         rate = statistics.median(r["tokens_per_s"] for r in mine)
         cpu = statistics.median(r["app_cpu"] for r in mine if r["app_cpu"] is not None)
         frames = [r["frames_per_s"] for r in mine if r["frames_per_s"] is not None]
-        versus_bare = f" ({rate / bare:.3f}x bare)" if mode == "connect" and "bare" in sides else ""
+        versus_bare = f" ({rate / bare:.3f}x bare)" if mode.startswith("connect") and "bare" in sides else ""
         print(f"`localspec chat` {mode}: {rate:.1f} tok/s = {rate / plain:.3f}x run{versus_bare}; the app's "
-              f"{'main thread' if mode == 'in-process' else 'process'} {cpu:.1%} of a core"
+              f"{'process' if mode.startswith('connect') else 'main thread'} {cpu:.1%} of a core"
               + (f"; {statistics.median(frames):.1f} frames/s" if frames else ""))
     if args.json:
         args.json.write_text(json.dumps({"meta": {k: str(v) for k, v in vars(args).items()} | {

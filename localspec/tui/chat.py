@@ -25,6 +25,7 @@ from localspec.engine.contract import unavailable_drafter
 from localspec.engine.events import Summary
 from localspec.engine.params import DRAFTER_SETTINGS
 from localspec.engine.session import MAX_IMAGE_BYTES
+from localspec.tui.compositor import DrawnRowsCompositor
 from localspec.tui.conversations import Conversations, LoadedModel
 from localspec.tui.panel import StatsPanel
 from localspec.tui.screens import AttachScreen, ConfirmScreen, DetailsScreen, RenameScreen, SettingsScreen
@@ -65,6 +66,8 @@ class ChatScreen(Screen):
         """`requested`: the model to open first (`chat MODEL`); else the conversation's, else the user's.
         `run_engine(fn, *args)` runs an answer's engine calls where the app keeps its engine."""
         super().__init__()
+        if DrawnRowsCompositor.fits():  # a streaming frame draws a few rows; Textual's renders whole widgets
+            self._compositor = DrawnRowsCompositor()
         self.chats, self.model, self._requested = chats, model, requested
         self.run_engine = run_engine
         self.generating = False

@@ -4,7 +4,6 @@ screen again) is rare."""
 
 from __future__ import annotations
 
-from fractions import Fraction
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
@@ -247,8 +246,8 @@ class RateSparkline(Sparkline):
     def _bars(data: list[float], width: int) -> list[list[float]]:
         """Each bar's values: the data cut into `width` parts (fewer values than bars: a part spans several
         bars), as Textual's sparkline cuts it."""
-        parts = [data[int(Fraction(len(data), width) * i):int(Fraction(len(data), width) * (i + 1))]
-                 for i in range(width)]
+        n = len(data)
+        parts = [data[n * i // width:n * (i + 1) // width] for i in range(width)]
         parts = [part for part in parts if part]
         bars, at, step = [], 0.0, len(parts) / width
         for _ in range(width):
