@@ -15,6 +15,7 @@ replaces, and a screen keeps Textual's compositor where it is not.
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 
 from textual._compositor import Compositor
@@ -43,8 +44,8 @@ class DrawnRowsCompositor(Compositor):
             if not width or not crop.overlaps(shown):
                 continue
             # Rows whose every cut under the widget a widget in front already filled need nothing of it.
-            rows = [row for row in drawn if y <= row < y + height
-                    and any(chops[row].get(cut) is None for cut in cuts[row] if x <= cut < x + width)]
+            rows = [row for row in drawn[bisect_left(drawn, y):bisect_left(drawn, y + height)]
+                    if any(chops[row].get(cut) is None for cut in cuts[row] if x <= cut < x + width)]
             if not rows:
                 continue
             first, end = rows[0], rows[-1] + 1
