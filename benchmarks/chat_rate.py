@@ -10,12 +10,13 @@ repeat; greedy, drafting history off, a fresh conversation each time. With `--co
 client without a screen (`bare`: the app's own client code, reading the same stream) answers too: what
 the server path alone leaves of `run`'s rate, so that the app's share of `--connect`'s cost shows. With
 `--against DIR` (a checkout of another revision) that revision's chat app answers too, in each mode, in
-the same rotation (`in-process@against`): a change to the app compared with what it changed, in one run. Both rates are the engine's own
-summary (generated tokens over the answer's wall time): `run` prints it, the chat stores it with the
-answer. While the chat streams, the app's CPU is sampled: its main thread (the UI's event loop) in
-process, the whole client process with `--connect`. The frames a second are the bursts of output the app
-wrote to its terminal while streaming (`tmux pipe-pane` into a reader that notes when each chunk came;
-capturing the pane 50 times a second instead took a sixth of a core from the engine while it counted).
+the same rotation (`in-process@against`): a change to the app compared with what it changed, in one run.
+Every rate is the engine's own summary (generated tokens over the answer's wall time): `run` prints it,
+the chat stores it with the answer. While the chat streams, the app's CPU is sampled: its main thread
+(the UI's event loop) in process, the whole client process with `--connect`. The frames a second are
+the bursts of output the app wrote to its terminal while streaming (`tmux pipe-pane` into a reader that
+notes when each chunk came; capturing the pane 50 times a second instead took a sixth of a core from the
+engine while it counted).
 
 Runs in a home of its own (LOCALSPEC_HOME) that links your pulled models and copies your calibrations,
 so nothing of yours is changed. Nothing else CPU-heavy may run meanwhile.
@@ -40,6 +41,7 @@ PROMPT = ("Write a Python module for a small library system: classes for books, 
           "with methods to lend, return and list overdue books, docstrings, and a short usage example.")
 EXE = Path(sys.executable).parent / "localspec"
 SESSION = "localspec-chat-rate"
+PASSED_ENV = ("LOCALSPEC_HOME", "HF_HOME", "PYTHONPATH")  # into the tmux session (PYTHONPATH: --against)
 
 
 def own_home(max_tokens: int, draws: str = "smooth") -> Path:
@@ -126,7 +128,7 @@ def chat_rate(entry: str, env: dict, home: Path, connect: bool) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     for attempt in range(3):  # a tmux server still exiting from the last session refuses a new one
         started = subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45",
-                                  "env", *[f"{k}={v}" for k, v in env.items() if k in ("LOCALSPEC_HOME", "HF_HOME", "PYTHONPATH")],
+                                  "env", *[f"{k}={v}" for k, v in env.items() if k in PASSED_ENV],
                                   *command.split()], capture_output=True, text=True)
         if started.returncode == 0:
             break

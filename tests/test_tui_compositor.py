@@ -8,7 +8,6 @@ from fakes import ScriptedEngine, ScriptedProvider
 from test_tui import make_app, send, until
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
-from textual.widget import Widget
 
 from localspec.tui.compositor import DrawnRowsCompositor
 from localspec.tui.rows import StreamingBlock
@@ -27,22 +26,23 @@ def terminal_bytes(compositor, chops_of, regions: list[Region], console) -> str:
     return ChopsUpdate(chops, spans, [cut_set[1:] for cut_set in compositor.cuts]).render_segments(console)
 
 
-def rendered_widgets(monkeypatch, compositor, chops_of, regions) -> set[str]:
+def rendered_widgets(monkeypatch, compositor, chops_of, regions, console) -> set[str]:
+    """The widgets (class#id) a partial update of `regions` renders."""
     seen = set()
-    shown = Widget.render_lines
 
-    def render_lines(widget, crop):
-        seen.add(type(widget).__name__ + (f"#{widget.id}" if widget.id else ""))
-        return shown(widget, crop)
+    def counted(widget):
+        own = widget.render_lines  # the widget's class's, overridden or not
 
-    monkeypatch.setattr(Widget, "render_lines", render_lines)
-    terminal_bytes(compositor, chops_of, regions, compositor_console(compositor))
-    monkeypatch.setattr(Widget, "render_lines", shown)
+        def render_lines(crop):
+            seen.add(type(widget).__name__ + (f"#{widget.id}" if widget.id else ""))
+            return own(crop)
+        return render_lines
+
+    with monkeypatch.context() as patch:
+        for widget in list(compositor.visible_widgets):
+            patch.setattr(widget, "render_lines", counted(widget), raising=False)
+        terminal_bytes(compositor, chops_of, regions, console)
     return seen
-
-
-def compositor_console(compositor):
-    return next(iter(compositor.visible_widgets)).app.console
 
 
 async def test_frames_reach_the_terminal_as_textuals_compositor_draws_them(monkeypatch):
@@ -69,10 +69,11 @@ async def test_frames_reach_the_terminal_as_textuals_compositor_draws_them(monke
             assert ours == textuals, regions
         assert app.generating  # all of it compared mid-answer
         # A streaming frame renders the widgets under its rows, not the header, footer, prompt or sidebar.
-        ours = rendered_widgets(monkeypatch, compositor, DrawnRowsCompositor._render_chops, frame)
-        textuals = rendered_widgets(monkeypatch, compositor, Compositor._render_chops, frame)
+        ours = rendered_widgets(monkeypatch, compositor, DrawnRowsCompositor._render_chops, frame, console)
+        textuals = rendered_widgets(monkeypatch, compositor, Compositor._render_chops, frame, console)
         assert {"StreamingBlock", "Rows#stats-numbers", "RateSparkline#stats-spark"} <= ours
         assert not ours & {"Header", "Footer", "PromptInput#prompt", "ConversationList#sidebar"}
+        assert {"Header", "Footer", "PromptInput#prompt", "ConversationList#sidebar"} <= textuals
         assert len(ours) < len(textuals)
 
 
