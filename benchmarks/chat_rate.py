@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/chat_rate.py                       # the default pair, 400 tokens, 3 repeats
     .venv/bin/python benchmarks/chat_rate.py --modes in-process,connect --repeat 3 --json out.json
-    git worktree add /tmp/before HEAD~1 && .venv/bin/python benchmarks/chat_rate.py --against /tmp/before
+    git worktree add /tmp/before REV && .venv/bin/python benchmarks/chat_rate.py --against /tmp/before
 
 Each repeat answers the prompt with `localspec run` and with the real `localspec chat` in a real terminal
 (tmux, 160x45), in-process and `--connect`ed to a `localspec serve`, the order rotated from repeat to
