@@ -64,6 +64,7 @@ from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter,
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
+from localspec.engine.loss_bound import LossBound
 from localspec.engine.planner import Drafting
 from common import median_interval
 from replay_trees import GPU_SHAPE, bounds, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
@@ -155,13 +156,14 @@ def record_draft(entry: str, recorded: str) -> None:
 
 
 def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
-           plan_on_truth: bool = False, bounded: bool = True) -> dict[str, list[float]]:
+           plan_on_truth: bool = False, bounded: bool = True,
+           bound: tuple[float, float] | None = None) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
     round's chain grown into a tree within that much more than the chain's verify cost (replay_trees).
     `one_position`: rounds of one position cost that share of the recorded table's (the table's bias that
     `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
     one with `plan_on_truth`. `bounded` False: without the bound on what a request's drafts may lose
-    (engine/loss_bound.py)."""
+    (engine/loss_bound.py); `bound`: with that bound's share and start tokens instead of the shipped."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
@@ -180,6 +182,8 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
             history.recording = False
             drafting.drafters = [copies, history]
         planner = drafting.planner(item["prompt"], "auto", budget=data.get("max_tokens", 512))
+        if bound is not None:
+            planner.bound = LossBound(share=bound[0], start_tokens=bound[1])
         truth = truth_of(data, item)
         context, seconds = list(item["prompt"]), 0.0
         planner.remaining = lambda: len(truth) - (len(context) - len(item["prompt"]))  # (as its answer counts)
@@ -316,6 +320,10 @@ def main() -> None:
                      "age class, chosen with hindsight: a yardstick for pricing copies by age")
     rep.add_argument("--unbounded", action="store_true", help="also replay the planner without the bound on "
                      "what a request's drafts may lose (engine/loss_bound.py)")
+    rep.add_argument("--bound", action="append", default=[], metavar="SHARE:START",
+                     help="also replay with this loss bound (engine/loss_bound.py) instead of the shipped one: "
+                     "the share of plain's price of the tokens produced, and the start in plain tokens "
+                     "(0.02:2.5); repeat to compare several")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     rep.add_argument("--report", action="store_true", help="per suite and for all answers: the median with a "
                      "90%% bootstrap interval, the worst prompt and how many fall below 0.95x")
@@ -355,6 +363,9 @@ def main() -> None:
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
     runs += [("unbounded", replay(data, bounded=False))] if args.unbounded else []
     runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
+    for setting in args.bound:
+        share, start = (float(x) for x in setting.split(":"))
+        runs.append((f"{share:.1%}+{start:g}", replay(data, bound=(share, start))))
     if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
         runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),
                  (f"one x{args.one_position:g}, true", replay(data, one_position=args.one_position,

@@ -14,6 +14,9 @@ pairs on a small machine).
 
 `--prompts`: suites of prompts (YAML files, as `localspec bench --suite` reads them), each prompt asked
 once (one pair), `--pairs` of each suite, the suites interleaved; each suite's median and worst prompt.
+`--repeat N` asks every prompt N times, both servers started afresh for each repeat (localspec's history
+empty: no repeat replays another's answer) and the order reversed: one pair per prompt cannot tell a
+prompt's 5% from this VM's noise.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import time
@@ -50,6 +54,8 @@ def main() -> None:
                          "empty at the start) rather than 1 slot of 4096 without history; no question is asked twice")
     ap.add_argument("--prompts", default=None, help="YAML prompt files, comma-separated: each suite's first "
                     "--pairs prompts, each asked once, instead of the chat questions")
+    ap.add_argument("--repeat", type=int, default=1, help="ask every question this many times, both servers "
+                    "started afresh each time and the order reversed (a prompt's ratio: their geometric mean)")
     ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. --no-repack)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -63,26 +69,11 @@ def main() -> None:
     asked = asked or [("chat", f"q{i % len(questions) + 1}", questions[i % len(questions)]) for i in range(args.pairs)]
     urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
     rows = []
-    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
-    theirs = None
-    try:
-        theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
-        for name in urls:  # a first answer each, not counted (loads, first-use allocations)
-            rate(urls[name], questions[-1], 16)
-        turns: dict[str, int] = {}  # each suite's pairs so far: the order alternates within every suite
-        for i, (suite, ident, question) in enumerate(asked):
-            turns[suite] = turns.get(suite, -1) + 1
-            order = list(urls) if turns[suite] % 2 == 0 else list(urls)[::-1]
-            got = {name: rate(urls[name], question, args.tokens) for name in order}
-            rows.append({"pair": i, "suite": suite, "prompt": ident, "first": order[0], **got,
-                         "ratio": got["localspec"] / got["llama-server"]})
-            print(json.dumps(rows[-1]), flush=True)
-    finally:  # (ours too where llama-server failed to start)
-        for proc in (ours, theirs):
-            if proc is not None:
-                stop(proc)
+    for repeat in range(args.repeat):  # each repeat: both servers started afresh (localspec's history empty)
+        rows += one_pass(args, urls, asked, questions[-1], repeat)
     ratios = [r["ratio"] for r in rows]
     lo, hi = median_interval(ratios)
+    per_prompt = prompt_ratios(rows)
     ours_rate = statistics.median(r["localspec"] for r in rows)
     theirs_rate = statistics.median(r["llama-server"] for r in rows)
     setup = "serve's defaults" if args.serve_defaults else "1 slot, no history"
@@ -92,16 +83,58 @@ def main() -> None:
     for first in urls:
         sub = [r["ratio"] for r in rows if r["first"] == first]
         print(f"  {first} first: median ratio {statistics.median(sub):.3f} ({len(sub)} pairs)")
-    if args.prompts:
+    if args.prompts:  # each prompt's ratio: the geometric mean of its repeats'
         for suite in dict.fromkeys(r["suite"] for r in rows):
-            sub = [r for r in rows if r["suite"] == suite]
-            lo, hi = median_interval([r["ratio"] for r in sub])
-            worst = min(sub, key=lambda r: r["ratio"])
-            print(f"  {suite}: median ratio {statistics.median(r['ratio'] for r in sub):.3f} ({lo:.3f}-{hi:.3f}), "
-                  f"worst {worst['ratio']:.3f} ({worst['prompt']}), {sum(r['ratio'] < 0.95 for r in sub)} of "
-                  f"{len(sub)} below 0.95")
+            sub = {prompt: ratio for (s, prompt), ratio in per_prompt.items() if s == suite}
+            lo, hi = median_interval(list(sub.values()))
+            worst = min(sub, key=sub.get)
+            print(f"  {suite}: median ratio {statistics.median(sub.values()):.3f} ({lo:.3f}-{hi:.3f}), "
+                  f"worst {sub[worst]:.3f} ({worst}), {sum(v < 0.95 for v in sub.values())} of {len(sub)} "
+                  f"prompts below 0.95" + (f" (each the mean of {args.repeat} repeats)" if args.repeat > 1 else ""))
     if args.json:
         args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json), "cpu_flags": cpu_flags()}, "rows": rows}, indent=1))
+
+
+def one_pass(args, urls: dict[str, str], asked: list[tuple[str, str, str]], warm_up: str,
+             repeat: int) -> list[dict]:
+    """Both servers started, every question asked of each in turn, both stopped. The order alternates
+    within each suite and is reversed from one repeat to the next, so each prompt of a repeated run is
+    answered first by each server equally often."""
+    ours_port, theirs_port = (int(url.rsplit(":", 1)[1]) for url in urls.values())
+    rows = []
+    ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
+    theirs = None
+    try:
+        theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
+        for name in urls:  # a first answer each, not counted (loads, first-use allocations)
+            rate(urls[name], warm_up, 16)
+        turns: dict[str, int] = {}  # each suite's pairs so far: the order alternates within every suite
+        for i, (suite, ident, question) in enumerate(asked):
+            turns[suite] = turns.get(suite, -1) + 1
+            order = asking_order(list(urls), turns[suite], repeat)
+            got = {name: rate(urls[name], question, args.tokens) for name in order}
+            rows.append({"pair": i, "repeat": repeat, "suite": suite, "prompt": ident, "first": order[0], **got,
+                         "ratio": got["localspec"] / got["llama-server"]})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:  # (ours too where llama-server failed to start)
+        for proc in (ours, theirs):
+            if proc is not None:
+                stop(proc)
+    return rows
+
+
+def asking_order(names: list[str], turn: int, repeat: int) -> list[str]:
+    """Who answers a suite's `turn`-th question first in `repeat`: alternating within the suite, reversed
+    from one repeat to the next."""
+    return names if (turn + repeat) % 2 == 0 else names[::-1]
+
+
+def prompt_ratios(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """(suite, prompt) -> the geometric mean of that prompt's ratios over the repeats."""
+    by_prompt: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row["ratio"])
+    return {key: math.prod(values) ** (1 / len(values)) for key, values in by_prompt.items()}
 
 
 def suites(files: str, per_suite: int) -> list[tuple[str, str, str]]:

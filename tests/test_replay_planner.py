@@ -119,3 +119,12 @@ def test_copies_that_break_every_few_tokens_stay_within_the_bound_of_plain(repla
     data["verify_s"] = {"1": 1.0, "2": 1.9, "3": 2.4, "4": 3.0, "6": 4.6, "8": 7.2, "12": 7.6, "16": 8.1}
     assert replay_planner.replay(data, bounded=False)["edit"][0] < 0.8
     assert replay_planner.replay(data)["edit"][0] >= 1 / (1 + LOSS_SHARE + START_TOKENS / len(answer))
+
+
+def test_a_bound_with_no_room_replays_plain_decoding_and_a_looser_one_drafts(replay_planner):
+    """`replay(bound=(share, start))` replays the planner under another loss bound than the shipped one:
+    with nothing to lose nothing is drafted (exactly plain), with room the same copy is drafted."""
+    answer = list(range(10, 50))  # the prompt copied whole
+    data = recording(answer)
+    assert replay_planner.replay(data, bound=(0.0, 0.0))["edit"] == [1.0]
+    assert replay_planner.replay(data, bound=(0.02, 2.5))["edit"][0] > 1.5

@@ -271,8 +271,10 @@ class Planner:
             self.cost.observe(batch_n, verify_s)
         one = self.cost.verify(1)
         self.bound.produced(accepted + 1, one)
-        if learn_cost and draft.tokens and not draft.exact:  # (at the steady price: a shape's change is priced apart)
-            self.bound.drafted(accepted + 1, self.cost.verify(batch_n) + draft.seconds, one)
+        if learn_cost and draft.tokens and not draft.exact:
+            # What the round took where costs are learnt from real rounds, else (a replay) its price.
+            spent = verify_s if self.drafting.learn_costs else self.cost.verify(batch_n)
+            self.bound.drafted(accepted + 1, spent + draft.seconds, one)
         self.cost.decoded(batch_n if learn_cost else 0)  # (a shared step's batch: another shape)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)
