@@ -11,6 +11,7 @@ CPU, and copies of a session's earlier requests (the history drafter) where the 
 
     python benchmarks/replay_planner.py record qwen2.5-coder-1.5b answers.json --suite edit,code,creative
     python benchmarks/replay_planner.py replay answers.json
+    python benchmarks/replay_planner.py replay answers.json --report --bound 0.02:2.5   # another loss bound beside
     python benchmarks/replay_planner.py record qwen2.5-coder-1.5b heldout.json --prompts benchmarks/prompts/heldout_edit.yaml
     python benchmarks/replay_planner.py record qwen2.5-coder-1.5b followup.json --sessions follow-up
     python benchmarks/replay_planner.py replay followup.json --oracle

@@ -4,12 +4,13 @@ A draft that is not kept costs its verification (and its drafting): for a long d
 steep, several plain tokens' time. The rule: a request's rounds alone may lose, beyond plain decoding's
 price of the tokens they produced, at most LOSS_SHARE of plain decoding's price of the tokens the request
 has produced, plus START_TOKENS plain tokens. A round drafts at most the longest draft whose verification,
-were none of it kept, still fits in what is left; what rounds gain (their kept tokens beyond the verify's
-price) is added to what is left. So a copy that broke earns long drafts again only by holding at short
-ones, and a request whose drafts all fail takes at most plain decoding's time plus LOSS_SHARE of it plus
-START_TOKENS tokens' time, give or take its last bet. A round's loss is what it took (its decode and its
-drafting) where the engine learns its costs from real rounds, so verifies dearer than their calibrated
-price spend the room they really cost; a replay, which does not learn, counts prices.
+were none of it kept, still fits in what is left; what rounds gain (their kept tokens' plain price beyond
+what the round cost) is added to what is left. So a copy that broke earns long drafts again only by
+holding at short ones, and a request whose drafts all fail takes at most plain decoding's time plus
+LOSS_SHARE of it plus START_TOKENS tokens' time, give or take its last bet. A round's loss is what it
+took (its decode and its drafting) where the engine learns its costs from real rounds, so verifies
+dearer than their calibrated price spend the room they really cost; a replay, which does not learn,
+counts prices.
 
 Not where a change of batch shape costs (a GPU's CUDA graphs; engine/costs.py): leaving a drafter's
 shape for plain decoding's costs a warm-up worth several plain tokens there, so a bound that cuts a
