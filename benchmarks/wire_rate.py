@@ -51,7 +51,8 @@ def main() -> None:
     ap.add_argument("--drafter", default="none", help="localspec's drafter (default none: the path alone)")
     ap.add_argument("--serve-defaults", action="store_true",
                     help="localspec serve as a user starts it (4 slots sharing 16k, history drafts on, its history "
-                         "empty at the start) rather than 1 slot of 4096 without history; no question is asked twice")
+                         "empty at the start) rather than 1 slot of 4096 without history; no server is asked a "
+                         "question twice")
     ap.add_argument("--prompts", default=None, help="YAML prompt files, comma-separated: each suite's first "
                     "--pairs prompts, each asked once, instead of the chat questions")
     ap.add_argument("--repeat", type=int, default=1, help="ask every question this many times, both servers "

@@ -1130,14 +1130,14 @@ def test_drafts_dearer_than_priced_stay_within_the_bound_in_real_time(monkeypatc
     from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS
 
     priced = CostModel(dict(STEEP))
-    real = {n: (1.0 if n == 1 else 1.5 * s) for n, s in STEEP.items()}
+    real = CostModel({n: (1.0 if n == 1 else 1.5 * s) for n, s in STEEP.items()})
     clock = [0.0]
     monkeypatch.setattr("localspec.engine.speculative.time", SimpleNamespace(perf_counter=lambda: clock[0]))
     model = ToyModel(n_vocab=1000, seed=6)
     decode = model.decode
 
     def timed(tokens, start, logits_for, seq=0):
-        clock[0] += CostModel(real).verify(len(tokens))
+        clock[0] += real.verify(len(tokens))
         return decode(tokens, start, logits_for, seq=seq)
 
     model.decode = timed
@@ -1147,9 +1147,9 @@ def test_drafts_dearer_than_priced_stay_within_the_bound_in_real_time(monkeypatc
     events = list(engine.generate([0, 5, 9, 11], max_tokens=150))
     rounds = [e for e in events if isinstance(e, Round)]
     assert _tokens(events) == _plain([0, 5, 9, 11], 150, model=ToyModel(n_vocab=1000, seed=6))
-    real_s = sum(CostModel(real).verify(1 + r.drafted) for r in rounds)
-    plain_s = len(_tokens(events)) * real[1]
-    last_bet = max(CostModel(real).verify(1 + r.drafted) - real[1] for r in rounds)
+    real_s = sum(real.verify(1 + r.drafted) for r in rounds)
+    plain_s = len(_tokens(events)) * real.verify(1)
+    last_bet = max(real.verify(1 + r.drafted) - real.verify(1) for r in rounds)
     within = real_s <= (1 + LOSS_SHARE) * plain_s + START_TOKENS * priced.verify(1) + last_bet
     assert within == learn_costs
     assert sum(1 for r in rounds if r.rejected) > 1  # it bet, and lost, more than once
