@@ -34,12 +34,15 @@ from common import MORE_QUESTIONS, QUESTIONS, chat, cpu_flags, free_port, llama_
     start_server, stop
 
 
-def rate(url: str, question: str, tokens: int) -> float:
-    """Tokens per second after the first token, as the client sees them."""
+def rate(url: str, question: str, tokens: int, drafts: dict | None = None) -> float:
+    """Tokens per second after the first token, as the client sees them; `drafts` gets localspec's draft
+    tokens made and kept by drafter."""
     out: dict = {}
     chat(url, question, tokens, out, time.perf_counter())
     if out["first_token_s"] is None or out["tokens"] < 2:
         raise SystemExit(f"{url}: no answer to time ({out})")
+    if drafts is not None:
+        drafts.update(out.get("by_drafter", {}))
     return (out["tokens"] - 1) / (out["done_s"] - out["first_token_s"])
 
 
@@ -92,6 +95,8 @@ def main() -> None:
             print(f"  {suite}: median ratio {statistics.median(sub.values()):.3f} ({lo:.3f}-{hi:.3f}), "
                   f"worst {sub[worst]:.3f} ({worst}), {sum(v < 0.95 for v in sub.values())} of {len(sub)} "
                   f"prompts below 0.95" + (f" (each the mean of {args.repeat} repeats)" if args.repeat > 1 else ""))
+            made, kept = drafted_in([r for r in rows if r["suite"] == suite])
+            print(f"    localspec drafted {made} tokens, kept {kept}")
     if args.json:
         args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json), "cpu_flags": cpu_flags()}, "rows": rows}, indent=1))
 
@@ -113,9 +118,11 @@ def one_pass(args, urls: dict[str, str], asked: list[tuple[str, str, str]], warm
         for i, (suite, ident, question) in enumerate(asked):
             turns[suite] = turns.get(suite, -1) + 1
             order = asking_order(list(urls), turns[suite], repeat)
-            got = {name: rate(urls[name], question, args.tokens) for name in order}
+            drafts: dict = {}  # localspec's, by drafter: [made, kept]
+            got = {name: rate(urls[name], question, args.tokens, drafts if name == "localspec" else None)
+                   for name in order}
             rows.append({"pair": i, "repeat": repeat, "suite": suite, "prompt": ident, "first": order[0], **got,
-                         "ratio": got["localspec"] / got["llama-server"]})
+                         "ratio": got["localspec"] / got["llama-server"], "drafts": drafts})
             print(json.dumps(rows[-1]), flush=True)
     finally:  # (ours too where llama-server failed to start)
         for proc in (ours, theirs):
@@ -136,6 +143,12 @@ def prompt_ratios(rows: list[dict]) -> dict[tuple[str, str], float]:
     for row in rows:
         by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row["ratio"])
     return {key: math.prod(values) ** (1 / len(values)) for key, values in by_prompt.items()}
+
+
+def drafted_in(rows: list[dict]) -> tuple[int, int]:
+    """localspec's draft tokens made and kept over these rows, every drafter together."""
+    pairs = [made_kept for row in rows for made_kept in row.get("drafts", {}).values()]
+    return sum(made for made, _kept in pairs), sum(kept for _made, kept in pairs)
 
 
 def suites(files: str, per_suite: int) -> list[tuple[str, str, str]]:

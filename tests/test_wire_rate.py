@@ -26,3 +26,8 @@ def test_a_prompts_ratio_is_the_geometric_mean_of_its_repeats(wire_rate):
     assert ratios[("edit", "b")] == pytest.approx(0.9)
     assert ratios[("code", "a")] == pytest.approx(1.1)
     assert len(ratios) == 3
+
+
+def test_what_localspec_drafted_is_summed_over_drafters_and_rows(wire_rate):
+    rows = [{"drafts": {"copy": [10, 7], "model": [3, 1]}}, {"drafts": {}}, {"drafts": {"copy": [5, 5]}}, {}]
+    assert wire_rate.drafted_in(rows) == (18, 13)
