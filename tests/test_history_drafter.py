@@ -48,6 +48,55 @@ def test_continuations_are_voted_by_how_many_earlier_requests_went_that_way():
     assert chances[0] == pytest.approx(1.0) and 0.5 < chances[1] < 1.0
 
 
+def _voted_token_by_token(index, context, max_len, p_min=0.3):
+    """`SuffixIndex.propose` as its rule reads: each next token the weighted vote of the occurrences
+    still going, one token at a time."""
+    n, positions = index.matches(context)
+    if not n:
+        return [], [], 0
+    agree = index.agreeing(context, positions)
+    docs = np.searchsorted(index.starts, positions, side="right")
+    weight = agree * 0.98 ** (index.n_documents - docs).astype(float)
+    ends = index._doc_end(positions)
+    alive, tokens, chances = np.ones(len(positions), dtype=bool), [], []
+    for i in range(max_len):
+        going = [a and p + 1 + i < e for a, p, e in zip(alive, positions, ends)]
+        total = sum(w for w, a in zip(weight, alive) if a)
+        votes = Counter()
+        for g, p, w in zip(going, positions, weight):
+            if g:
+                votes[int(index.tokens[p + 1 + i])] += w
+        if not votes or total <= 0:
+            break
+        token, vote = max(sorted(votes.items()), key=lambda kv: kv[1])
+        if vote / total < p_min:
+            break
+        tokens.append(token)
+        chances.append(vote / total)
+        alive = [g and int(index.tokens[p + 1 + i]) == token for g, p in zip(going, positions)]
+    kept = [a for a, alive_here in zip(agree, alive) if alive_here]
+    return tokens, chances, int(max(kept)) if tokens and kept else 0
+
+
+def test_a_proposal_is_the_token_by_token_vote_of_the_occurrences_going_on():
+    rng = np.random.default_rng(7)
+    index = SuffixIndex()
+    phrase = [int(t) for t in rng.integers(0, 40, 24)]
+    for _ in range(30):  # documents sharing a phrase, parting from it at random, some ending inside it
+        cut = int(rng.integers(4, len(phrase) + 1))
+        index.add([int(t) for t in rng.integers(100, 140, 5)] + phrase[:cut]
+                  + [int(t) for t in rng.integers(0, 40, int(rng.integers(0, 30)))])
+    asked = 0
+    for start in range(0, 12):
+        for max_len in (1, 5, 63):
+            context = [int(t) for t in rng.integers(100, 140, 3)] + phrase[start:start + 6]
+            got, want = index.propose(context, max_len), _voted_token_by_token(index, context, max_len)
+            assert got[0] == want[0] and got[2] == want[2]
+            assert got[1] == pytest.approx(want[1])
+            asked += bool(got[0])
+    assert asked > 20  # (most contexts found the phrase)
+
+
 def test_a_chat_growing_by_turns_is_stored_once():
     index = SuffixIndex()
     turn1 = list(range(100, 160))

@@ -31,7 +31,11 @@ def _ngram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def _hash_of(tokens: Sequence[int]) -> np.uint64:
-    return _ngram_hashes(np.asarray(tokens, dtype=np.int64), len(tokens))[0]
+    """`_ngram_hashes` of one n-gram, in Python's integers (a lookup hashes a few short ones)."""
+    h, p = 0, int(_P)
+    for t in tokens:
+        h = (h * p + int(t) + 1) & 0xFFFF_FFFF_FFFF_FFFF
+    return np.uint64(h)
 
 
 def context_digest(tokens: Sequence[int]) -> bytes:
@@ -193,16 +197,28 @@ class SuffixIndex:
         recency = 0.98 ** (self.n_documents - docs).astype(np.float64)
         weight = agree.astype(np.float64) * recency
         ends = self._doc_end(positions)
+        # what follows each occurrence, one column per draft position (-1 past its document's end)
+        at = positions[:, None] + 1 + np.arange(min(max_len, int((ends - positions).max()) - 1))
+        following = np.where(at < ends[:, None], self.tokens[np.minimum(at, self.n_tokens - 1)], -1)
         tokens: list[int] = []
         chances: list[float] = []
         alive = np.ones(len(positions), dtype=bool)
-        for i in range(max_len):
-            at = positions + 1 + i
-            going = alive & (at < ends)
+        i = 0
+        while i < following.shape[1]:
+            nxt = following[:, i]
+            going = alive & (nxt >= 0)
             total = weight[alive].sum()
             if not going.any() or total <= 0:
                 break
-            nxt = np.where(going, self.tokens[np.minimum(at, self.n_tokens - 1)], -1)
+            if np.array_equal(going, alive):  # every occurrence alive goes on: agreeing columns at once
+                rows = following[alive, i:]
+                same = (rows == rows[0]).all(axis=0) & (rows[0] >= 0)
+                run = len(same) if same.all() else int(np.argmin(same))
+                if run:  # (each token the whole weight's: a chance of 1)
+                    tokens += rows[0, :run].tolist()
+                    chances += [1.0] * run
+                    i += run
+                    continue
             candidates, inverse = np.unique(nxt[going], return_inverse=True)
             votes = np.bincount(inverse, weights=weight[going])
             best = int(np.argmax(votes))
@@ -212,6 +228,7 @@ class SuffixIndex:
             tokens.append(int(candidates[best]))
             chances.append(chance)
             alive = going & (nxt == candidates[best])
+            i += 1
         age = int(agree[alive].max()) if tokens and alive.any() else 0
         return tokens, chances, age
 
