@@ -16,7 +16,8 @@ pairs on a small machine).
 once (one pair), `--pairs` of each suite, the suites interleaved; each suite's median and worst prompt.
 `--repeat N` asks every prompt N times, both servers started afresh for each repeat (localspec's history
 empty: no repeat replays another's answer) and the order reversed: one pair per prompt cannot tell a
-prompt's 5% from this VM's noise.
+prompt's 5% from this VM's noise. Every pair records what localspec drafted (tokens made and kept, by
+drafter), and each suite's summary their totals.
 """
 
 from __future__ import annotations
