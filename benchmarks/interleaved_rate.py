@@ -101,7 +101,7 @@ class LlamaSide:
             self.done = len(self.tokens) >= self._max
 
     def close(self) -> None:
-        self._gen = None  # (the generator holds the context's state, not the model)
+        self._gen = None  # (the next answer's `start` resets the context)
 
 
 def interleave(sides: list, lead: int = LEAD, clock: Callable[[], float] = time.perf_counter) -> list[float]:
@@ -162,10 +162,9 @@ def main() -> None:
     from localspec.bench.runner import _history_recording
     from localspec.bench.suites import load_suites
     from localspec.catalog import load_catalog
-    from localspec.loader import load_here
-
     from localspec.engine.params import DRAFTER_SETTINGS
     from localspec.errors import LocalspecError
+    from localspec.loader import load_here
 
     entry = args.model or load_catalog().default_pair
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
@@ -184,12 +183,11 @@ def main() -> None:
             for r in range(args.repeat):
                 for n, prompt in enumerate(prompts):
                     tokens = engine.chat_tokens([{"role": "user", "content": prompt.text}])
-                    order = drafters if (n + r) % 2 == 0 else drafters[::-1]
-                    for drafter in order:
+                    first_ours = (n + r) % 2 == 0  # (a prompt's repeats: one started by each side)
+                    for drafter in (drafters if first_ours else drafters[::-1]):
                         ours = LocalspecSide(engine, tokens, drafter, args.max_tokens)
                         theirs = LlamaSide(peer.llm, tokens, args.max_tokens, engine.target.vocab.is_eog,
                                            engine.driver.run)
-                        first_ours = (n + r) % 2 == 0  # (each variant's repeats: one started by each side)
                         sides = [ours, theirs] if first_ours else [theirs, ours]
                         spent = dict(zip((s.name for s in sides), interleave(sides, args.lead)))
                         ours.close()
