@@ -1,9 +1,9 @@
 """localspec against llama-cpp-python's `Llama` on the same file, the two answers to a prompt generated
 in turns: each turn takes one side --lead tokens past the other, until both answers are whole.
 
-On a shared VM the machine's speed drifts by 10-20% from one answer to the next (a plain decoder
-against itself: docs/performance.md), so two answers run back to back differ by that much on one prompt
-and a per-prompt floor (no prompt below 0.95x) reads the drift, not the engines. In turns of a few
+On a shared VM the machine's speed drifts from one answer to the next by more than a per-prompt floor
+(no prompt below 0.95x) allows (a plain decoder against itself: docs/performance.md), so two answers
+run back to back read the drift, not the engines. In turns of a few
 tokens (a fraction of a second) the answers advance together, and both sides meet the same machine.
 Each side's rate is its answer's tokens over the time spent in its own turns after its prompt was in
 (the prompt is evaluated before the turns, untimed, as `localspec bench` times them); the side that
