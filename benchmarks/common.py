@@ -9,6 +9,7 @@ to ~10% on a small machine).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -198,6 +199,14 @@ def at_once(url: str, questions: list[str], tokens: int, extra: dict | None = No
     for t in threads:
         t.join()
     return results
+
+
+def prompt_ratios(rows: list[dict], key: str = "ratio") -> dict[tuple[str, str], float]:
+    """(suite, prompt) -> the geometric mean of that prompt's `key` over its rows (its repeats)."""
+    by_prompt: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row[key])
+    return {prompt: math.prod(values) ** (1 / len(values)) for prompt, values in by_prompt.items()}
 
 
 def median_interval(ratios: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Callable, Iterator
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
-from common import cpu_flags, median_interval
+from common import cpu_flags, median_interval, prompt_ratios
 
 LEAD = 6
 FLOOR = 0.95
@@ -122,20 +121,12 @@ def interleave(sides: list, lead: int = LEAD, clock: Callable[[], float] = time.
     return spent
 
 
-def geometric_mean(values: list[float]) -> float:
-    return math.prod(values) ** (1 / len(values))
-
-
 def report(rows: list[dict], variant: str, key: str, label: str) -> None:
     """Per suite: the median of the prompts' ratios (each the geometric mean of its repeats) with a
     bootstrap interval, the worst and how many fall below FLOOR."""
-    by_prompt: dict[tuple[str, str], list[float]] = {}
-    for row in rows:
-        if row["variant"] == variant and row.get(key) is not None:
-            by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row[key])
-    suites = sorted({suite for suite, _prompt in by_prompt})
-    for suite in suites + ["all"]:
-        ratios = {p: geometric_mean(v) for (s, p), v in by_prompt.items() if suite in (s, "all")}
+    by_prompt = prompt_ratios([row for row in rows if row["variant"] == variant and row.get(key) is not None], key)
+    for suite in sorted({suite for suite, _prompt in by_prompt}) + ["all"]:
+        ratios = {p: ratio for (s, p), ratio in by_prompt.items() if suite in (s, "all")}
         if not ratios:
             continue
         low, high = median_interval(list(ratios.values()))

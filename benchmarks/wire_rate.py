@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import statistics
 import time
 from pathlib import Path
 
-from common import MORE_QUESTIONS, QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, start_llama_server, \
-    start_server, stop
+from common import MORE_QUESTIONS, QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, prompt_ratios, \
+    start_llama_server, start_server, stop
 
 
 def rate(url: str, question: str, tokens: int, drafts: dict | None = None) -> float:
@@ -136,14 +135,6 @@ def asking_order(names: list[str], turn: int, repeat: int) -> list[str]:
     """Who answers a suite's `turn`-th question first in `repeat`: alternating within the suite, reversed
     from one repeat to the next."""
     return names if (turn + repeat) % 2 == 0 else names[::-1]
-
-
-def prompt_ratios(rows: list[dict]) -> dict[tuple[str, str], float]:
-    """(suite, prompt) -> the geometric mean of that prompt's ratios over the repeats."""
-    by_prompt: dict[tuple[str, str], list[float]] = {}
-    for row in rows:
-        by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row["ratio"])
-    return {key: math.prod(values) ** (1 / len(values)) for key, values in by_prompt.items()}
 
 
 def drafted_in(rows: list[dict]) -> tuple[int, int]:
