@@ -146,6 +146,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--lead", type=int, default=LEAD, help="tokens a side's turn takes it past the other")
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                        help="localspec's flash attention (settings.yaml's flash_attention); Llama's stays off, "
+                             "its default")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -163,7 +166,8 @@ def main() -> None:
         raise SystemExit(f"Unknown drafter '{unknown[0]}'; choose from {', '.join(DRAFTER_SETTINGS)}.")
     try:
         prompts = [p for p in load_suites(args.suite.split(",")) if args.prompts is None or p.index < args.prompts]
-        engine = load_here(entry, drafter="auto", n_ctx=args.ctx, history="memory")
+        flash_attn = {"auto": None, "on": True, "off": False}[args.flash_attn]
+        engine = load_here(entry, drafter="auto", n_ctx=args.ctx, history="memory", flash_attn=flash_attn)
     except LocalspecError as exc:
         raise SystemExit(str(exc)) from None
     rows: list[dict] = []
@@ -194,7 +198,8 @@ def main() -> None:
         finally:
             peer.close()
     own_plain(rows)
-    print(f"\n{entry}, {args.max_tokens} tokens, greedy, turns of {args.lead} tokens ahead, {args.repeat} repeats; "
+    print(f"\n{entry}, {args.max_tokens} tokens, greedy, turns of {args.lead} tokens ahead, {args.repeat} repeats, "
+          f"localspec's flash attention {args.flash_attn}; "
           f"CPU flags: {cpu_flags()}")
     for drafter in drafters:
         report(rows, drafter, "ratio", "/ Llama")
