@@ -4,7 +4,7 @@
     model: qwen2.5-coder-1.5b      # what `localspec chat` opens when no model is named
     history_drafts: true           # draft from earlier requests (kept under the cache folder); false: off
     rpc_workers: ""                # HOST:PORT,... of `localspec rpc-worker`s for the target (as --rpc)
-    flash_attention: auto          # auto: llama.cpp's choice; on / off
+    flash_attention: auto          # auto: llama.cpp's choice; on / off (off: faster after long contexts on CPUs)
     chat_draws: smooth             # smooth: the chat app redraws 10 times a second; sparingly: it draws only on
                                    # what llama.cpp leaves of the CPU (faster answers, fewer frames on small machines;
                                    # chat --connect always draws so, at full rate)
