@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
+import statistics
 from pathlib import Path
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
@@ -111,7 +111,7 @@ def main() -> None:
     for context in contexts:
         for batch in positions:
             mine = [row for row in rows if row["context"] == context and row["positions"] == batch]
-            mean = math.exp(sum(math.log(row["ratio"]) for row in mine) / len(mine))
+            mean = statistics.geometric_mean(row["ratio"] for row in mine)
             print(f"  context {context:5}, {batch:2} positions a step: on {sum(r['on'] for r in mine) / len(mine):6.2f}, "
                   f"off {sum(r['off'] for r in mine) / len(mine):6.2f} steps/s; on / off {mean:.3f}x "
                   f"({', '.join(format(row['ratio'], '.3f') for row in mine)})")
