@@ -9,7 +9,6 @@ to ~10% on a small machine).
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -206,7 +205,7 @@ def prompt_ratios(rows: list[dict], key: str = "ratio") -> dict[tuple[str, str],
     by_prompt: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         by_prompt.setdefault((row["suite"], row["prompt"]), []).append(row[key])
-    return {prompt: math.prod(values) ** (1 / len(values)) for prompt, values in by_prompt.items()}
+    return {prompt: statistics.geometric_mean(values) for prompt, values in by_prompt.items()}
 
 
 def median_interval(ratios: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -156,6 +156,7 @@ def main() -> None:
     from localspec.bench.runner import _history_recording
     from localspec.bench.suites import load_suites
     from localspec.catalog import load_catalog
+    from localspec.config import UserConfig
     from localspec.engine.params import DRAFTER_SETTINGS
     from localspec.errors import LocalspecError
     from localspec.loader import load_here
@@ -166,8 +167,8 @@ def main() -> None:
         raise SystemExit(f"Unknown drafter '{unknown[0]}'; choose from {', '.join(DRAFTER_SETTINGS)}.")
     try:
         prompts = [p for p in load_suites(args.suite.split(",")) if args.prompts is None or p.index < args.prompts]
-        flash_attn = {"auto": None, "on": True, "off": False}[args.flash_attn]
-        engine = load_here(entry, drafter="auto", n_ctx=args.ctx, history="memory", flash_attn=flash_attn)
+        engine = load_here(entry, drafter="auto", n_ctx=args.ctx, history="memory",
+                           flash_attn=UserConfig(flash_attention=args.flash_attn).flash_attn())
     except LocalspecError as exc:
         raise SystemExit(str(exc)) from None
     rows: list[dict] = []
