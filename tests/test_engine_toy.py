@@ -1114,7 +1114,7 @@ def test_copies_that_always_break_cost_at_most_the_bound_over_plain(bounded):
     plain_s = len(_tokens(events)) * cost.verify(1)
     assert (priced_s <= (1 + LOSS_SHARE) * plain_s + START_TOKENS * cost.verify(1)) == bounded
     if bounded:  # its first bet, before anything broke: as long as START_TOKENS allows
-        assert next(len(r.rejected) for r in rounds if r.rejected) == LossBound().longest(cost, 15) > 0
+        assert next(len(r.rejected) for r in rounds if r.rejected) == LossBound().longest(cost, 15, cost.verify(1)) > 0
     else:
         assert priced_s > 3 * plain_s
 
@@ -1153,3 +1153,56 @@ def test_drafts_dearer_than_priced_stay_within_the_bound_in_real_time(monkeypatc
     within = real_s <= (1 + LOSS_SHARE) * plain_s + START_TOKENS * priced.verify(1) + last_bet
     assert within == learn_costs
     assert sum(1 for r in rounds if r.rejected) > 1  # it bet, and lost, more than once
+
+
+class HeldCopies(Drafter):
+    """A copy source that is right every time: the next fifteen tokens of the plain answer."""
+
+    name = "ngram"
+
+    def __init__(self, prompt, answer):
+        self.prompt_len, self.answer = len(prompt), answer
+
+    def offer(self, context, room, plan):
+        at = len(context) - self.prompt_len
+        tokens = self.answer[at:at + min(15, room)]
+        return Offer(len(tokens), 1e9, Draft(tokens=tokens, source=self.name), [0.99] * len(tokens)) if tokens else None
+
+
+def _drafted_on_a_clock(monkeypatch, seconds_of):
+    """Tokens drafted (all kept) by copies that always hold, the verifies timed by `seconds_of(round,
+    positions)` on a clock of their own, costs learnt from them; priced by STEEP."""
+    from types import SimpleNamespace
+
+    prompt = [0, 5, 9, 11]
+    answer = _plain(prompt, 150, model=ToyModel(n_vocab=1000, seed=6))
+    clock, verifies = [0.0], [0]
+    monkeypatch.setattr("localspec.engine.speculative.time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    model = ToyModel(n_vocab=1000, seed=6)
+    decode = model.decode
+
+    def timed(tokens, start, logits_for, seq=0):
+        if logits_for:  # (a verify, not the prompt)
+            verifies[0] += 1
+            clock[0] += seconds_of(verifies[0], len(tokens))
+        return decode(tokens, start, logits_for, seq=seq)
+
+    model.decode = timed
+    engine = Engine(model, None, EngineOptions(drafter="auto", learn_costs=True), cost=CostModel(dict(STEEP)))
+    engine.drafting.drafters = [HeldCopies(prompt, answer)]
+    events = list(engine.generate(prompt, max_tokens=150))
+    assert _tokens(events) == answer
+    return sum(len(r.accepted) for r in events if isinstance(r, Round))
+
+
+def test_a_machine_slowed_for_every_round_alike_drafts_as_a_quiet_one(monkeypatch):
+    """The bound counts a round's loss against what plain tokens took lately (engine/loss_bound.py): a
+    machine three times slower than its calibration for every batch alike (another program's load) is
+    slower for plain decoding too, so copies that always hold draft as much as on a quiet machine, and
+    one stall (a round taking thirty times its price) does not spend the request's room."""
+    priced = CostModel(dict(STEEP))
+    quiet = _drafted_on_a_clock(monkeypatch, lambda i, n: priced.verify(n))
+    slowed = _drafted_on_a_clock(monkeypatch, lambda i, n: 3 * priced.verify(n))
+    stalled = _drafted_on_a_clock(monkeypatch, lambda i, n: (30 if i == 8 else 1) * priced.verify(n))
+    assert quiet > 100
+    assert slowed >= 0.9 * quiet and stalled >= 0.9 * quiet, (quiet, slowed, stalled)

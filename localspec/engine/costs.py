@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 
 # A verify costs its steady price once this many verifies in a row had its batch shape: ggml's CUDA
@@ -19,6 +21,13 @@ WARM_VERIFIES = 3
 # shape; not at all, drafts would change shape every round and pay the warm-up every time.
 SETTLE_ROUNDS = 16
 SETTLE_ALPHA = 0.2
+# A stall (another program taking the cores, a page fault) is not what a batch costs: a round counts as
+# at most this many times, and at least its inverse times, what it was expected to take.
+STALL_RATIO = 2.0
+# What plain decoding takes lately: the mean of this many latest one-position verifies, once there are
+# PLAIN_SAMPLES of them.
+PLAIN_KEEP = 32
+PLAIN_SAMPLES = 3
 
 
 @dataclass
@@ -42,6 +51,7 @@ class CostModel:
     shape: int = 0  # positions of the last verify decoded, and how many verifies in a row had them
     held: int = 0
     settle: float = 0.0  # verifies a shape is held for once changed to, decayed (SETTLE_ROUNDS before any)
+    plain_s: deque[float] = field(default_factory=lambda: deque(maxlen=PLAIN_KEEP))  # latest 1-position verifies
 
     def __post_init__(self) -> None:
         self._table = self._monotone(self.verify_s)  # derived once: verify() is on the hot path
@@ -149,11 +159,25 @@ class CostModel:
         self.scale = scale
         self.__post_init__()
 
+    def counted(self, n: int, seconds: float) -> float:
+        """A verify of n positions that took `seconds`, as costs count it: within STALL_RATIO of what it
+        was expected to take (`expected`, knowing the shapes before it)."""
+        expected = self.expected(n)
+        return min(max(seconds, expected / STALL_RATIO), expected * STALL_RATIO)
+
     def observe(self, n: int, seconds: float) -> None:
-        # A stall (another process, a page fault) is not what a batch costs: one round moves the factor
-        # by at most a few percent.
-        ratio = min(max(seconds / self.expected(n), 0.5), 2.0)
-        self.scale *= ratio ** self.alpha
+        if n == 1:
+            self.plain_s.append(seconds)
+        # One round moves the factor by at most a few percent (a stall counts as STALL_RATIO).
+        self.scale *= (self.counted(n, seconds) / self.expected(n)) ** self.alpha
+
+    def plain_lately(self) -> float:
+        """What one plain token took lately: the mean of the latest one-position verifies but the
+        slowest, stalls and all (another program's load slows plain decoding as it slows any batch; one
+        stall does not say what plain decoding costs), or `verify(1)` before PLAIN_SAMPLES of them."""
+        if len(self.plain_s) < PLAIN_SAMPLES:
+            return self.verify(1)
+        return statistics.fmean(sorted(self.plain_s)[:-1])
 
     @property
     def plain_tokens_per_s(self) -> float:

@@ -168,7 +168,7 @@ class Planner:
         for key in probing.since_tried:
             probing.since_tried[key] += 1
         bounded = self.fixed_len is None and self.cost.changed_s is None  # (loss_bound.py: where shapes cost, not)
-        stake = self.bound.longest(self.cost, room) if bounded else room
+        stake = self.bound.longest(self.cost, room, self.plain_token_s()) if bounded else room
         choice = self._best_offer(context, room, plan)
         exact = choice is not None and choice[2].draft is not None and choice[2].draft.exact
         if choice is not None and choice[2].length > stake and not exact:  # chosen again within the stake
@@ -237,6 +237,11 @@ class Planner:
         room = room if plan.longest is None else min(room, plan.longest)
         return room if room >= plan.shortest else 0
 
+    def plain_token_s(self) -> float:
+        """What a plain token takes now, as the bound values drafting's time: measured lately where
+        costs are learnt from real rounds, else (a replay) its price."""
+        return self.cost.plain_lately() if self.drafting.learn_costs else self.cost.verify(1)
+
     def _plain_probe(self, context_len: int, offer: Offer) -> bool:
         """Whether to decode this round plainly, to measure plain decoding at this context length."""
         wanted = self.drafting.plain_wanted
@@ -267,14 +272,14 @@ class Planner:
                 learn_cost: bool = True) -> None:
         """How the round went; `learn_cost` False for a step shared with other requests (its time is
         not what `batch_n` positions of one sequence cost)."""
+        counted_s = self.cost.counted(batch_n, verify_s)  # (a stall is not what drafting cost)
         if learn_cost and self.drafting.learn_costs:
             self.cost.observe(batch_n, verify_s)
-        one = self.cost.verify(1)
-        self.bound.produced(accepted + 1, one)
+        self.bound.produced(accepted + 1)
         if learn_cost and draft.tokens and not draft.exact:
             # What the round took where costs are learnt from real rounds, else (a replay) its price.
-            spent = verify_s if self.drafting.learn_costs else self.cost.verify(batch_n)
-            self.bound.drafted(accepted + 1, spent + draft.seconds, one)
+            spent = counted_s if self.drafting.learn_costs else self.cost.verify(batch_n)
+            self.bound.drafted(accepted + 1, spent + draft.seconds)
         self.cost.decoded(batch_n if learn_cost else 0)  # (a shared step's batch: another shape)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
             turn.observe(draft, accepted, token)
