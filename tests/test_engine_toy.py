@@ -546,6 +546,24 @@ def test_a_slower_machine_moves_every_batch_size_alike():
     assert cost.plain_tokens_per_s == pytest.approx(1 / 1.3, rel=0.01)
 
 
+
+def test_plain_decoding_lately_is_the_latest_plain_decodes_mean_but_the_slowest():
+    """What the loss bound values drafting's time at (CostModel.plain_lately): the learnt price until three
+    plain decodes were seen, then their mean without the slowest one (a lone stall); other batch sizes
+    do not count, and only the latest PLAIN_KEEP do."""
+    from localspec.engine.costs import PLAIN_KEEP
+
+    cost = CostModel({1: 1.0, 4: 2.0})
+    cost.observe(1, 3.0)
+    cost.observe(4, 9.0)
+    cost.observe(1, 3.0)
+    assert cost.plain_lately() == pytest.approx(cost.verify(1))
+    cost.observe(1, 30.0)
+    assert cost.plain_lately() == pytest.approx(3.0)
+    for _ in range(PLAIN_KEEP):
+        cost.observe(1, 2.0)
+    assert cost.plain_lately() == pytest.approx(2.0)
+
 def test_draft_lengths_are_chosen_among_measured_batch_sizes():
     from localspec.engine.adaptive import best_length
 
