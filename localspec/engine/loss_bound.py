@@ -9,11 +9,12 @@ what the round cost) is added to what is left. So a copy that broke earns long d
 holding at short ones, and a request whose drafts all fail takes at most plain decoding's time plus
 LOSS_SHARE of it plus START_TOKENS tokens' time, give or take its last bet. Where the engine learns its
 costs from real rounds, a drafting round counts what it took (its decode, a stall counted as at most
-STALL_RATIO times its expected cost, and its drafting), and the account values that time at what a plain
-token takes now (`CostModel.plain_lately`: the latest plain decodes' mean). So verifies dearer than their
-calibrated price spend the room they really cost, while a machine slowed for every round alike (another
-program's load) slows the plain decodes it is valued against too and does not read as drafting's loss,
-nor does one stall spend a request's room. A replay, which does not learn, counts prices.
+STALL_RATIO times its expected cost, and its drafting), and the account values that time at what a
+plain token takes now (`CostModel.plain_lately`: the latest plain decodes' mean but the slowest). So
+verifies dearer than their calibrated price spend the room they really cost, while a machine slowed for
+every round alike (another program's load) slows the plain decodes it is valued against too and does
+not read as drafting's loss, nor does one stall spend a request's room. A replay, which does not learn,
+counts prices.
 
 Not where a change of batch shape costs (a GPU's CUDA graphs; engine/costs.py): leaving a drafter's
 shape for plain decoding's costs a warm-up worth several plain tokens there, so a bound that cuts a
