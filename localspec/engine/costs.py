@@ -165,11 +165,14 @@ class CostModel:
         expected = self.expected(n)
         return min(max(seconds, expected / STALL_RATIO), expected * STALL_RATIO)
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, seconds: float) -> float:
+        """A verify of n positions took `seconds`: the speed factor moves by at most a few percent (a stall
+        counts as STALL_RATIO). Returns the seconds it counted (`counted`)."""
         if n == 1:
             self.plain_s.append(seconds)
-        # One round moves the factor by at most a few percent (a stall counts as STALL_RATIO).
-        self.scale *= (self.counted(n, seconds) / self.expected(n)) ** self.alpha
+        counted = self.counted(n, seconds)
+        self.scale *= (counted / self.expected(n)) ** self.alpha
+        return counted
 
     def plain_lately(self) -> float:
         """What one plain token took lately: the mean of the latest one-position verifies but the

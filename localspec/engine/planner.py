@@ -272,13 +272,11 @@ class Planner:
                 learn_cost: bool = True) -> None:
         """How the round went; `learn_cost` False for a step shared with other requests (its time is
         not what `batch_n` positions of one sequence cost)."""
-        counted_s = self.cost.counted(batch_n, verify_s)  # (a stall is not what drafting cost)
-        if learn_cost and self.drafting.learn_costs:
-            self.cost.observe(batch_n, verify_s)
+        # The round's time as the costs count it (a stall clamped), where they are learnt from real rounds.
+        counted_s = self.cost.observe(batch_n, verify_s) if learn_cost and self.drafting.learn_costs else None
         self.bound.produced(accepted + 1)
         if learn_cost and draft.tokens and not draft.exact:
-            # What the round took where costs are learnt from real rounds, else (a replay) its price.
-            spent = counted_s if self.drafting.learn_costs else self.cost.verify(batch_n)
+            spent = counted_s if counted_s is not None else self.cost.verify(batch_n)  # (a replay: its price)
             self.bound.drafted(accepted + 1, spent + draft.seconds)
         self.cost.decoded(batch_n if learn_cost else 0)  # (a shared step's batch: another shape)
         if draft.tokens and (turn := self.turn(draft.source)) is not None:
