@@ -17,6 +17,10 @@ from another's answer.
 Prints each pair of answers as it ends, then per suite the median of the prompts' ratios (each the
 geometric mean of its repeats) with a 90% bootstrap interval, the worst prompt and how many fall below
 0.95x; with `none` among the drafters, each drafter against localspec's own plain decoding too.
+
+A drafter may carry other terms of the loss bound (engine/loss_bound.py), to rank them live as
+`replay_planner.py replay --bound` ranks them on recordings: `auto@unbounded`, or `auto@SHARE:START`
+(`auto@0.03:3`: LOSS_SHARE and START_TOKENS).
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ FLOOR = 0.95
 class LocalspecSide:
     """One answer of the engine, its prompt evaluated by `start` and its rounds pulled by `step`."""
 
-    def __init__(self, engine, tokens: list[int], drafter: str, max_tokens: int):
+    def __init__(self, engine, tokens: list[int], variant: str, max_tokens: int):
         from localspec.engine.sampling import SamplingSettings
 
-        self.name = drafter
+        self.name = variant
+        self._engine = engine
+        drafter, self._bound = bound_of(variant)
         self._events: Iterator = iter(engine.generate(tokens, max_tokens=max_tokens, drafter=drafter,
                                                       sampling=SamplingSettings(temperature=0)))
         self.tokens: list[int] = []
@@ -53,6 +59,8 @@ class LocalspecSide:
     def start(self) -> None:
         from localspec.engine.events import Prefill
 
+        drafting = self._engine.drafting  # (the request's planner takes the bound's terms as it begins)
+        drafting.loss_bound, drafting.bound_terms = self._bound is not None, self._bound or {}
         while not isinstance(next(self._events), Prefill):
             pass
 
@@ -101,6 +109,20 @@ class LlamaSide:
 
     def close(self) -> None:
         self._gen = None  # (the next answer's `start` resets the context)
+
+
+def bound_of(variant: str) -> tuple[str, dict[str, float] | None]:
+    """A variant's drafter and its loss bound's terms: {} the shipped ones, None unbounded."""
+    drafter, _, terms = variant.partition("@")
+    if not terms:
+        return drafter, {}
+    if terms == "unbounded":
+        return drafter, None
+    try:
+        share, start = (float(t) for t in terms.split(":"))
+    except ValueError:
+        raise SystemExit(f"'{variant}': give the bound as DRAFTER@SHARE:START or DRAFTER@unbounded") from None
+    return drafter, {"share": share, "start_tokens": start}
 
 
 def interleave(sides: list, lead: int = LEAD, clock: Callable[[], float] = time.perf_counter) -> list[float]:
@@ -163,7 +185,7 @@ def main() -> None:
 
     entry = args.model or load_catalog().default_pair
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
-    if unknown := [d for d in drafters if d not in DRAFTER_SETTINGS]:
+    if unknown := [d for d in drafters if bound_of(d)[0] not in DRAFTER_SETTINGS]:
         raise SystemExit(f"Unknown drafter '{unknown[0]}'; choose from {', '.join(DRAFTER_SETTINGS)}.")
     try:
         prompts = [p for p in load_suites(args.suite.split(",")) if args.prompts is None or p.index < args.prompts]

@@ -75,20 +75,28 @@ def test_a_drafter_against_own_plain_is_the_ratio_of_its_two_ratios_to_llama(int
     assert rows[1]["own_plain"] == pytest.approx(1.5)
 
 
+def test_a_variant_names_its_loss_bounds_terms(interleaved):
+    assert interleaved.bound_of("auto") == ("auto", {})
+    assert interleaved.bound_of("auto@unbounded") == ("auto", None)
+    assert interleaved.bound_of("ngram@0.03:2") == ("ngram", {"share": 0.03, "start_tokens": 2.0})
+    with pytest.raises(SystemExit, match="DRAFTER@SHARE:START"):
+        interleaved.bound_of("auto@0.03")
+
+
 @pytest.mark.model
 def test_a_real_interleaved_run(smollm2_home, tmp_path):
     out = tmp_path / "runs.json"
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / "interleaved_rate.py"), "--model", "smollm2-135m", "--suite", "edit",
-         "--prompts", "1", "--drafter", "ngram,none", "--max-tokens", "24", "--repeat", "1", "--lead", "4",
-         "--json", str(out)],
+         "--prompts", "1", "--drafter", "ngram,ngram@unbounded,none", "--max-tokens", "24", "--repeat", "1",
+         "--lead", "4", "--json", str(out)],
         capture_output=True, text=True, timeout=600, env={"LOCALSPEC_HOME": str(smollm2_home), "PATH": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["ngram", "none"]
+    assert [r["variant"] for r in rows] == ["ngram", "ngram@unbounded", "none"]
     for row in rows:
         assert 0 < row["tokens"] <= 24 and 0 < row["llama_tokens"] <= 24
         assert row["ratio"] == pytest.approx(row["localspec"] / row["llama"])
         assert row["kept"] <= row["drafted"]
-    assert rows[0]["own_plain"] == pytest.approx(rows[0]["ratio"] / rows[1]["ratio"])
+    assert rows[0]["own_plain"] == pytest.approx(rows[0]["ratio"] / rows[2]["ratio"])
     assert "ngram  / own plain" in proc.stdout and "none   / Llama" in proc.stdout

@@ -74,6 +74,7 @@ class Drafting:
     promises: Promises = field(default_factory=Promises)  # shared steps' drafts (engine/parallel.py)
     queued: Callable[[], bool] = lambda: False  # requests are waiting for a slot (the server's queue)
     loss_bound: bool = True  # each request's drafts within what it may still lose (engine/loss_bound.py)
+    bound_terms: dict[str, float] = field(default_factory=dict)  # LossBound's terms other than the shipped ones
 
     def drafter(self, name: str) -> Drafter | None:
         return next((d for d in self.drafters if d.name == name), None)
@@ -115,7 +116,7 @@ class Planner:
         # Answer.remaining); a planner outside the core prices by its plan's whole budget.
         self.remaining: Callable[[], int] = lambda: plan.budget
         # What its drafting rounds may still lose (engine/loss_bound.py); unbounded: drafts priced alone.
-        self.bound = LossBound() if drafting.loss_bound else LossBound(start_tokens=math.inf)
+        self.bound = LossBound(**drafting.bound_terms) if drafting.loss_bound else LossBound(start_tokens=math.inf)
 
     @property
     def mode(self) -> str:
