@@ -10,19 +10,26 @@ under each (setup.sh picks AVX-512 kernels where the CPU has them).
 `--live SUITES`: answer the bench's prompts of these suites with the pair (`auto`, then plain, 128
 tokens, greedy, history off) and print, for each verify size the rounds used, its median cost over the
 median one-token round's, beside the calibration's ratio: how far the planner's prices are from what
-live rounds cost (a ratio over 1: the table makes that size look cheaper than it is).
+live rounds cost (a ratio over 1: the table makes that size look cheaper than it is). With `--json
+FILE` it also writes a table to replay at (`replay_planner.py replay --costs FILE`): each size the
+live rounds used at least MIN_ROUNDS times at their median, every other size at the calibration's
+price times the live-over-table ratio of the nearest size measured live.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine import backend
 from localspec.engine.measuring import CALIBRATION_SIZES, measure_costs
+
+MIN_ROUNDS = 3  # live rounds of a size before their median stands for it
 
 
 def main() -> None:
@@ -31,11 +38,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     ap.add_argument("--live", default=None, metavar="SUITES", help="compare the table with live rounds on these suites")
+    ap.add_argument("--json", type=Path, default=None, help="with --live: write the live table here, to replay at")
     args = ap.parse_args()
     from localspec.catalog import load_catalog
     from localspec.loader import resolve
     if args.live:
-        live_against_table(args.entry or load_catalog().default_pair, args.live.split(","))
+        live_against_table(args.entry or load_catalog().default_pair, args.live.split(","), args.json)
         return
     target = resolve(args.entry or load_catalog().default_pair)[0]
     print(backend.system_info())
@@ -49,7 +57,22 @@ def main() -> None:
             print(f"{n:3d} {s * 1000:6.1f} {s / one:6.1f} {n * one / s:8.2f}")
 
 
-def live_against_table(entry: str, suites: list[str]) -> None:
+def live_table(live: dict[int, list[float]], priced: dict[int, float]) -> dict[int, float]:
+    """Seconds per verify size as live rounds took them: the median of a size's rounds where there are
+    MIN_ROUNDS of them (one position always: every table is read against it), else its `priced` seconds
+    scaled by how far live rounds of the nearest size measured live were from their price."""
+    measured = {n: statistics.median(s) for n, s in live.items() if len(s) >= MIN_ROUNDS or n == 1}
+    table = {}
+    for n in sorted(set(priced) | set(measured)):
+        if n in measured:
+            table[n] = measured[n]
+        else:
+            near = min(measured, key=lambda m: (abs(m - n), -m))
+            table[n] = priced[n] * measured[near] / priced[near]
+    return table
+
+
+def live_against_table(entry: str, suites: list[str], out: Path | None = None) -> None:
     from localspec.bench import load_suites
     from localspec.engine.events import Round
     from localspec.loader import load
@@ -70,6 +93,13 @@ def live_against_table(entry: str, suites: list[str]) -> None:
         if n > 1 and len(live[n]) >= 3:
             ratio, priced = statistics.median(live[n]) / one, table.verify(n) / table.verify(1)
             print(f"{n:3d} {len(live[n]):7d} {ratio:9.2f} {priced:10.2f} {ratio / priced:16.3f}")
+    if out is not None:
+        sizes = sorted(set(table.verify_s) | set(live))
+        verify_s = live_table(live, {n: table.verify(n) for n in sizes})
+        meta = {"entry": entry, "suites": ",".join(suites), "rounds": {str(n): len(live[n]) for n in sorted(live)},
+                "how": "benchmarks/verify_costs.py --live: live rounds' medians, other sizes priced and scaled"}
+        out.write_text(json.dumps({"meta": meta, "verify_s": {str(n): s for n, s in verify_s.items()}}, indent=1))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
