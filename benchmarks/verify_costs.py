@@ -90,7 +90,7 @@ def live_against_table(entry: str, suites: list[str], out: Path | None = None) -
     print(f"one position: live rounds {one * 1000:.1f} ms, the table {table.verify(1) / table.scale * 1000:.1f} ms")
     print("  n  rounds  live/one  table/one  live over table")
     for n in sorted(live):
-        if n > 1 and len(live[n]) >= 3:
+        if n > 1 and len(live[n]) >= MIN_ROUNDS:
             ratio, priced = statistics.median(live[n]) / one, table.verify(n) / table.verify(1)
             print(f"{n:3d} {len(live[n]):7d} {ratio:9.2f} {priced:10.2f} {ratio / priced:16.3f}")
     if out is not None:
