@@ -30,7 +30,9 @@ recordings have none and replay copies of the request itself. `--costs` prices t
 replay with another recording's verify costs (record once with an AVX2 build, `LOCALSPEC_CMAKE_ARGS`
 without the AVX-512 flags, and once with the default one; replay every recording at both). `--oracle`
 also prints what perfect knowledge would reach: every round drafts exactly the copy that the answer
-goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has.
+goes on to keep (up to 63 tokens, the lengths the costs were measured for), the headroom a planner has,
+and the same oracle within the shipped loss bound (each round no longer than the room allows were none
+of it kept), the headroom a planner obeying the bound has.
 `--age-bound` prints what drafting by copy age reaches with hindsight: every fixed draft length per
 age class (prompt copies 0-4, 5-9 and 10+ tokens old, answer copies 10+), the best for each suite
 chosen on the very answers it is scored on. A yardstick, not a proof: the planner also learns within
@@ -65,10 +67,10 @@ from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter,
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
 from localspec.engine.drafters.suffix_index import SuffixIndex
-from localspec.engine.loss_bound import LossBound
+from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS, LossBound
 from localspec.engine.planner import Drafting
 from common import median_interval
-from replay_trees import GPU_SHAPE, bounds, grow, hindsight, kept_of, kept_on, model_drafts, truth_of
+from replay_trees import GPU_SHAPE, bounds, grow, hindsight, hindsight_within, kept_of, kept_on, model_drafts, truth_of
 
 
 def record(entry: str, out: str, suites: list[str], max_tokens: int, prompts_file: str | None = None,
@@ -225,10 +227,12 @@ def report(label: str, data: dict, speedups: dict[str, list[float]], floor: floa
               f"{worst:.3f}x ({worst_id})  {below} of {len(values)} below {floor:.2f}x")
 
 
-def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
+def oracle(data: dict, longest: int = 63, bound: tuple[float, float] | None = None) -> dict[str, list[float]]:
     """Speedup per answer, by suite, with perfect knowledge: at each position the copy lookup's proposal
     is kept as far as the recorded answer goes on with it, and the lengths drafted are the cheapest
-    plan over the whole answer (a shortest path over positions, priced by the recorded verify costs)."""
+    plan over the whole answer (a shortest path over positions, priced by the recorded verify costs).
+    `bound` (share, start): the cheapest plan whose every round fits the loss bound's room, the most a
+    copy planner obeying that bound could reach."""
     price = CostModel({int(n): s for n, s in data["verify_s"].items()})
     control = set(data["control"])
     speedups: dict[str, list[float]] = {}
@@ -240,7 +244,8 @@ def oracle(data: dict, longest: int = 63) -> dict[str, list[float]]:
         for at in range(len(truth)):
             keepable.append(kept_of(lookup.propose(context, longest).tokens, truth, at))
             context.append(truth[at])
-        speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / hindsight(keepable, price))
+        best = hindsight(keepable, price) if bound is None else hindsight_within(keepable, price, *bound)
+        speedups.setdefault(item["suite"], []).append(len(truth) * price.verify(1) / best)
     return speedups
 
 
@@ -362,6 +367,7 @@ def main() -> None:
     one = float(data["verify_s"]["1"])
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
     runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    runs += [("oracle in bound", oracle(data, bound=(LOSS_SHARE, START_TOKENS)))] if args.oracle else []
     runs += [("unbounded", replay(data, bounded=False))] if args.unbounded else []
     runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
     for setting in args.bound:

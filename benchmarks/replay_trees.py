@@ -116,6 +116,24 @@ def hindsight(keepable: list[int], price: CostModel) -> float:
     return best[0]
 
 
+def hindsight_within(keepable: list[int], price: CostModel, share: float, start: float) -> float:
+    """`hindsight` for a planner that obeys the loss bound (engine/loss_bound.py) with `share` and
+    `start`: a round drafts k tokens only if verifying them, were none kept, would lose no more than the
+    room left. Every round of the oracle keeps all it drafts, so the room after i tokens in time T is
+    start + share * i - (T / one - i): the fastest way to a position also leaves the most room there,
+    and a forward pass over positions is exact."""
+    n, one = len(keepable), price.verify(1)
+    best = [0.0] + [float("inf")] * n
+    for i in range(n):
+        room = (start + share * i - (best[i] / one - i)) * one
+        for k in range(keepable[i] + 1):
+            if k and (k + 1 not in price.verify_s or price.verify(k + 1) - one > room):
+                continue
+            j = min(n, i + k + 1)
+            best[j] = min(best[j], best[i] + price.verify(k + 1))
+    return best[n]
+
+
 def bounds(data: dict) -> dict[str, dict[str, list[float]]]:
     """Per source (`keepable_by_source`), the hindsight speedup of each answer, by suite (drafting costs
     nothing here: the draft model's time is left out, so its rows are a ceiling)."""

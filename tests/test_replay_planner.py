@@ -128,3 +128,33 @@ def test_a_bound_with_no_room_replays_plain_decoding_and_a_looser_one_drafts(rep
     data = recording(answer)
     assert replay_planner.replay(data, bound=(0.0, 0.0))["edit"] == [1.0]
     assert replay_planner.replay(data, bound=(0.02, 2.5))["edit"][0] > 1.5
+
+
+def test_the_oracle_within_the_bound_drafts_only_what_the_room_allows(replay_planner):
+    """`hindsight_within`: every round keeps all it drafts, and drafts only what the room allows were
+    none of it kept (engine/loss_bound.py). Verifying 2 positions costs 1.5 plain tokens, 4 cost 2."""
+    from replay_trees import hindsight, hindsight_within
+
+    price = replay_planner.CostModel({1: 1.0, 2: 1.5, 4: 2.0})
+    keepable = [3, 2, 1, 0]  # at the start three tokens of copy hold, then two, one, none
+    assert hindsight(keepable, price) == 2.0  # the three at once: 4 positions for 2.0
+    assert hindsight_within(keepable, price, 0.0, 1.0) == 2.0  # a room of 1 covers the 4 positions' loss
+    # A room of 0.5 covers one token's loss (1.5 - 1): one token, then with the half token it gained, one more
+    assert hindsight_within(keepable, price, 0.0, 0.5) == 3.0
+    assert hindsight_within(keepable, price, 0.0, 0.0) == 4.0  # no room: plain decoding
+    # The share of the tokens produced adds room as the answer goes: 25% after two plain tokens is 0.5
+    assert hindsight_within([0, 0, 1, 0], price, 0.25, 0.0) == 3.5
+
+
+def test_the_oracle_in_the_shipped_bound_lies_between_the_planner_and_the_free_oracle(replay_planner):
+    """`oracle(bound=...)`: the most a copy planner obeying the bound reaches on a whole copy at steep
+    costs, below the free oracle (the first long copy waits for room), above the planner."""
+    from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS
+
+    data = recording(list(range(10, 50)) * 2)  # the prompt's text, twice
+    data["verify_s"] = {"1": 1.0, "2": 1.9, "3": 2.4, "4": 3.0, "6": 4.6, "8": 7.2, "12": 7.6, "16": 8.1}
+    free = replay_planner.oracle(data)["edit"][0]
+    within = replay_planner.oracle(data, bound=(LOSS_SHARE, START_TOKENS))["edit"][0]
+    planner = replay_planner.replay(data)["edit"][0]
+    assert free > within > 1.0
+    assert within >= planner
