@@ -629,6 +629,56 @@ def test_a_rename_made_while_nothing_was_drafted_is_learned_from_the_alignment()
     assert other.replacements == {}
 
 
+def test_a_token_added_after_a_source_token_is_learned_as_an_insertion():
+    """A name given a suffix (`month` -> `month` `_current`): the answer adds a token after the source's;
+    learned from the alignment, the copy goes on past it, adds it after each later occurrence, and
+    counts its age through it."""
+    from localspec.engine.drafters import NgramDrafter
+
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 13, 18, 19] + list(range(40, 50))  # 77 is added after 13 below
+    ngram = NgramDrafter()
+    ngram.reset(prompt_len=len(source))
+    draft = ngram.propose(source + [10, 11, 12, 13, 77, 14, 15], 6, None)
+    assert ngram.insertions == {13: 77} and ngram.replacements == {}
+    assert draft.tokens == [16, 17, 13, 77, 18, 19]          # added again after the next 13
+    assert draft.note.age == 7                               # the age counts through the added token
+    # Right after the answer wrote it, the copy goes on from the source as if it had not.
+    after = ngram.propose(source + [10, 11, 12, 13, 77, 14, 15, 16, 17, 13, 77], 3, None)
+    assert after.tokens == [18, 19, 40]
+    # A single added token with one agreeing token after it is an edit under way, not an insertion...
+    other = NgramDrafter()
+    other.reset(prompt_len=len(source))
+    other.propose(source + [10, 11, 12, 13, 77, 14], 4, None)
+    assert other.insertions == {}
+
+
+def test_an_insertion_confirmed_by_a_rejection_is_learned_one_token_later_and_forgotten_when_wrong():
+    from localspec.engine.drafters import NgramDrafter
+
+    source = [10, 11, 12, 13, 14, 15, 16, 13, 17, 18] + list(range(40, 50))
+    ngram = NgramDrafter()
+    ngram.reset(prompt_len=len(source))
+    first = ngram.propose(source + [10, 11], 4, None)
+    assert first.tokens == [12, 13, 14, 15]
+    ngram.observe(first, accepted=2, token=77)               # kept 12 13; the target added 77 before 14
+    resumed = ngram.propose(source + [10, 11, 12, 13, 77, 14], 4, None)
+    assert ngram.insertions == {13: 77}                      # the rejection said where: one token after is enough
+    assert resumed.tokens == [15, 16, 13, 77]
+    ngram.observe(resumed, accepted=3, token=17)             # after this 13 the answer added nothing
+    assert ngram.insertions == {}
+
+
+def test_an_insertion_is_not_added_where_the_source_already_has_it():
+    from localspec.engine.drafters import NgramDrafter
+
+    source = [10, 11, 12, 13, 14, 15, 16, 13, 77, 17, 18] + list(range(40, 50))
+    ngram = NgramDrafter()
+    ngram.reset(prompt_len=len(source))
+    draft = ngram.propose(source + [10, 11, 12, 13, 77, 14, 15], 5, None)
+    assert ngram.insertions == {13: 77}
+    assert draft.tokens == [16, 13, 77, 17, 18]
+
+
 def test_a_copy_is_priced_by_what_copies_of_its_age_did():
     from localspec.engine.drafters import CopyDrafter
     from localspec.engine.planner import Drafting

@@ -43,7 +43,10 @@ class NgramDrafter:
     and whether it copies the prompt or the answer: the planner prices copies by both. A token the
     answer replaced with agreement on both sides is a rename (source token -> the answer's), applied
     to later copies: a variable renamed once is renamed at every later occurrence instead of breaking
-    the copy each time. The target rejecting a remembered rename for the original token forgets it.
+    the copy each time. A token the answer added after a source token, with agreement on both sides,
+    is an insertion (a name given a suffix: `month` -> `month_current`), applied likewise after that
+    source token; right after the answer wrote one, the copy goes on from the source as if it had not.
+    The target rejecting a remembered rename or insertion forgets it.
     """
 
     name = "ngram"
@@ -64,6 +67,9 @@ class NgramDrafter:
         self._age = 0
         self.prompt_len = 0  # tokens of the request's prompt at the start of the context
         self.replacements: dict[int, int] = {}   # source token -> the token the answer uses instead
+        self.insertions: dict[int, int] = {}     # source token -> a token the answer adds after it
+        self._last_from: list[int] = []          # each proposed token's offset in _last_source (-1: inserted)
+        self._lead: int | None = None            # the source token whose insertion the last proposal began with
         self._candidate: tuple[int, int] | None = None  # (source token, the target's token) from a rejected draft
         self._forget_index()
 
@@ -73,6 +79,8 @@ class NgramDrafter:
         self._last_source = []
         self._continuing = False
         self.replacements = {}
+        self.insertions = {}
+        self._last_from, self._lead = [], None
         self._candidate = None
         self._forget_index()
 
@@ -109,34 +117,46 @@ class NgramDrafter:
             return [], 0
         ctx = context if isinstance(context, list) else [int(t) for t in context]
         self._index(ctx)
-        last = ctx[-1]
+        # Right after a learned insertion the text is matched as it was before it (`tail`), at sources
+        # that do not already have the inserted token there.
+        inserted = ctx[-1] if n_ctx >= 3 and self.insertions.get(ctx[-2]) == ctx[-1] else None
+        tail = n_ctx - 2 if inserted is not None else n_ctx - 1
+        last = ctx[tail]
+
+        def fits(e: int) -> bool:
+            return e < tail and (inserted is None or ctx[e + 1] != inserted)
+
         if self._cursor is not None:
             near = [e for e in range(max(self._cursor, 0), min(self._cursor + self.realign_window, n_ctx - 1))
-                    if ctx[e] == last]
+                    if ctx[e] == last and fits(e)]
             if near:
-                lengths = [self._match_length(ctx, e) for e in near]
+                lengths = [self._match_length(ctx, e, tail) for e in near]
                 best = max(lengths)
                 return self._copy(ctx, near[lengths.index(best)] + 1, max_len, continuing=True), best
-        if substituted is not None and substituted + 1 < n_ctx - 1:
+        if substituted is not None and substituted + 1 < n_ctx - 1 and inserted is None:
             return self._copy(ctx, substituted + 1, max_len, continuing=True), 0
         if last not in self._latest:
             return [], 0
         # The longest match, latest occurrence: matches of two tokens or more are among the pairs.
-        pairs = self._pairs.get((ctx[-2], last)) if self.max_ngram > 1 else None
+        pairs = self._pairs.get((ctx[tail - 1], last)) if self.max_ngram > 1 else None
+        pairs = [e for e in pairs if fits(e)] if pairs and inserted is not None else pairs
         if pairs:
-            lengths = [self._match_length(ctx, e) for e in pairs]
+            lengths = [self._match_length(ctx, e, tail) for e in pairs]
             best = max(lengths)
             end = pairs[len(lengths) - 1 - lengths[::-1].index(best)]
+        elif inserted is not None:
+            return [], 0
         else:
             best, end = 1, self._latest[last]
         if best < self.min_ngram:
             return [], 0
         return self._copy(ctx, end + 1, max_len, continuing=False), best
 
-    def _match_length(self, ctx: list[int], end: int) -> int:
-        """How many tokens up to `end` equal the context's last ones (up to `max_ngram`)."""
-        n, length = len(ctx), 1
-        while length < self.max_ngram and end - length >= 0 and ctx[end - length] == ctx[n - 1 - length]:
+    def _match_length(self, ctx: list[int], end: int, tail: int | None = None) -> int:
+        """How many tokens up to `end` equal the context's up to `tail` (its last: default; up to `max_ngram`)."""
+        tail = len(ctx) - 1 if tail is None else tail
+        length = 1
+        while length < self.max_ngram and end - length >= 0 and ctx[end - length] == ctx[tail - length]:
             length += 1
         return length
 
@@ -148,9 +168,31 @@ class NgramDrafter:
             end = next((i for i, t in enumerate(self._last_source) if self.ends_copy(t)), None)
             if end is not None:
                 del self._last_source[end + 1:]
-        if not self.replacements:
+        self._last_from, self._lead = list(range(len(self._last_source))), None
+        if not self.replacements and not self.insertions:
             return list(self._last_source)
-        return [self.replacements.get(t, t) for t in self._last_source]
+        proposal: list[int] = []
+        self._last_from = []
+        # The answer just wrote the source token before the copy: what it adds after that token first.
+        self._lead = ctx[start - 1] if ctx[-1] == ctx[start - 1] and self._inserts_after(ctx, start - 1) else None
+        if self._lead is not None:
+            proposal.append(self.insertions[self._lead])
+            self._last_from.append(-1)
+        for i, token in enumerate(self._last_source):
+            if len(proposal) >= max_len:
+                break
+            proposal.append(self.replacements.get(token, token))
+            self._last_from.append(i)
+            if len(proposal) < max_len and self._inserts_after(ctx, start + i):
+                proposal.append(self.insertions[token])
+                self._last_from.append(-1)
+        return proposal
+
+    def _inserts_after(self, ctx: list[int], at: int) -> bool:
+        """Whether the answer adds a learned insertion after the source token at `at` (one the source does
+        not already have after it)."""
+        added = self.insertions.get(ctx[at])
+        return added is not None and (at + 1 >= len(ctx) or ctx[at + 1] != added)
 
     def _agreeing_before(self, arr: list[int], start: int) -> int:
         """How many tokens before `start` the text's ending reproduces (through the learned renames),
@@ -161,14 +203,18 @@ class NgramDrafter:
 
         A differing token on the way may be a rename (see `_is_rename`): it is learned here, so later
         copies apply it, and the walk goes on through it."""
-        n, age = len(arr), 0
-        while age < self.max_age and start - 1 - age >= 0 and n - 1 - age >= self.prompt_len:
-            source, written = int(arr[start - 1 - age]), int(arr[n - 1 - age])
+        age, s, w = 0, start - 1, len(arr) - 1  # the source's token and the written one compared
+        while age < self.max_age and s >= 0 and w >= self.prompt_len:
+            source, written = int(arr[s]), int(arr[w])
             if self.replacements.get(source, source) != written and source != written:
-                if not self._is_rename(arr, start - 1 - age, n - 1 - age, agreeing_after=age):
+                if self.insertions.get(source) == written or self._is_insertion(arr, s, w, agreeing_after=age):
+                    self.insertions[source] = written
+                    age, w = age + 1, w - 1  # the added token; the source's is compared with the one before it
+                    continue
+                if not self._is_rename(arr, s, w, agreeing_after=age):
                     break
                 self.replacements[source] = written
-            age += 1
+            age, s, w = age + 1, s - 1, w - 1
         return age
 
     def _is_rename(self, arr: list[int], source_at: int, written_at: int, agreeing_after: int) -> bool:
@@ -179,6 +225,15 @@ class NgramDrafter:
         if agreeing_after >= 1 and self._candidate == (int(arr[source_at]), int(arr[written_at])):
             return True
         return agreeing_after >= 2 and self._agree(arr, source_at - 1, written_at - 1, 3)
+
+    def _is_insertion(self, arr: list[int], source_at: int, written_at: int, agreeing_after: int) -> bool:
+        """The written token added after the source's (which the token before it equals): three agreeing
+        tokens before it and two after it, or one after it when the target rejected the source's next
+        token for this one."""
+        if written_at - 1 < self.prompt_len or not self._agree(arr, source_at, written_at - 1, 3):
+            return False
+        confirmed = source_at + 1 < len(arr) and self._candidate == (int(arr[source_at + 1]), int(arr[written_at]))
+        return agreeing_after >= 2 or (agreeing_after >= 1 and confirmed)
 
     def _agree(self, arr: list[int], source_end: int, written_end: int, count: int) -> bool:
         if source_end - count + 1 < 0:
@@ -208,16 +263,24 @@ class NgramDrafter:
         # A copy is under way when some of it was kept, or when it came from a long or continuing match
         # (then a rejection is an edit, not a coincidence). Otherwise forget the source position.
         copying = accepted > 0 or copy_of(draft).continuing or draft.evidence >= 3
-        self._cursor = self._last_start + accepted if copying else None
+        copied = sum(1 for i in self._last_from[:accepted] if i >= 0)  # source tokens among those kept
+        self._cursor = self._last_start + copied if copying else None
         # Guess a substitution once, after a real match broke; a failed guess is not guessed on.
         broke = copying and accepted < len(draft.tokens) and (draft.evidence > 0 or accepted > 0)
         self._substituted = self._cursor if broke else None
 
     def _learn_replacement(self, draft: Draft, accepted: int, token: int | None) -> None:
         self._candidate = None
-        if accepted >= len(draft.tokens) or token is None or accepted >= len(self._last_source):
+        if accepted >= len(draft.tokens) or token is None or accepted >= len(self._last_from):
             return
-        original = self._last_source[accepted]
+        if self._last_from[accepted] < 0:  # an added token the target rejected
+            before = self._last_from[accepted - 1] if accepted else -1
+            source = self._last_source[before] if before >= 0 else self._lead
+            after = self._last_source[before + 1] if before + 1 < len(self._last_source) else None
+            if source is not None and token == after and self.insertions.get(source) == draft.tokens[accepted]:
+                del self.insertions[source]  # here the answer went on with the source: the insertion was wrong
+            return
+        original = self._last_source[self._last_from[accepted]]
         if self.replacements.get(original) == draft.tokens[accepted] and token == original:
             del self.replacements[original]  # here the answer kept the original: the rename was wrong
         elif token != original and token != draft.tokens[accepted]:
