@@ -329,7 +329,7 @@ def main() -> None:
     rep.add_argument("--bound", action="append", default=[], metavar="SHARE:START",
                      help="also replay with this loss bound (engine/loss_bound.py) instead of the shipped one: "
                      "the share of plain's price of the tokens produced, and the start in plain tokens "
-                     "(0.02:2.5); repeat to compare several")
+                     "(0.02:2.5); repeat to compare several; with --oracle, the oracle within it too")
     rep.add_argument("--each", action="store_true", help="also print every answer's figure")
     rep.add_argument("--report", action="store_true", help="per suite and for all answers: the median with a "
                      "90%% bootstrap interval, the worst prompt and how many fall below 0.95x")
@@ -373,6 +373,7 @@ def main() -> None:
     for setting in args.bound:
         share, start = (float(x) for x in setting.split(":"))
         runs.append((f"{share:.1%}+{start:g}", replay(data, bound=(share, start))))
+        runs += [(f"oracle in {share:.1%}+{start:g}", oracle(data, bound=(share, start)))] if args.oracle else []
     if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
         runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),
                  (f"one x{args.one_position:g}, true", replay(data, one_position=args.one_position,

@@ -158,3 +158,21 @@ def test_the_oracle_in_the_shipped_bound_lies_between_the_planner_and_the_free_o
     planner = replay_planner.replay(data)["edit"][0]
     assert free > within > 1.0
     assert within >= planner
+
+
+def test_replay_with_another_bound_and_the_oracle_prints_the_oracle_within_it(replay_planner, tmp_path, monkeypatch,
+                                                                             capsys):
+    """`replay --oracle --bound SHARE:START` prints the oracle within that bound beside the planner under
+    it: a larger start lets the first long copy go sooner, so the oracle within it reaches more."""
+    import json
+    import re
+
+    data = recording(list(range(10, 50)) * 2)
+    data["verify_s"] = {"1": 1.0, "2": 1.9, "3": 2.4, "4": 3.0, "6": 4.6, "8": 7.2, "12": 7.6, "16": 8.1}
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr("sys.argv", ["replay_planner.py", "replay", str(path), "--oracle", "--bound", "0.02:8"])
+    replay_planner.main()
+    printed = dict(re.findall(r"^(.+?)\s+edit\s+median ([0-9.]+)x", capsys.readouterr().out, re.M))
+    assert set(printed) >= {"planner", "oracle", "oracle in bound", "2.0%+8", "oracle in 2.0%+8"}
+    assert float(printed["oracle"]) >= float(printed["oracle in 2.0%+8"]) > float(printed["oracle in bound"])
