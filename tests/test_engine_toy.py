@@ -668,6 +668,30 @@ def test_an_insertion_confirmed_by_a_rejection_is_learned_one_token_later_and_fo
     assert ngram.insertions == {}
 
 
+def test_a_source_token_written_as_two_is_learned_and_written_so_at_later_occurrences():
+    """`print` -> `logging` `.info`: the answer writes two tokens where the source has one, with agreement
+    on both sides; learned as a rename and an insertion after it, so later copies write both, the copy
+    counts its age through them, and right after the answer wrote the first the copy offers the second."""
+    from localspec.engine.drafters import NgramDrafter
+
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 13, 18, 19] + list(range(40, 50))  # 13 is written 77 78 below
+    ngram = NgramDrafter()
+    ngram.reset(prompt_len=len(source))
+    draft = ngram.propose(source + [10, 11, 12, 77, 78, 14, 15], 6, None)
+    assert ngram.replacements == {13: 77} and ngram.insertions == {13: 78}
+    assert draft.tokens == [16, 17, 77, 78, 18, 19]          # both written at the next 13
+    assert draft.note.age == 7                               # the age counts through the two tokens
+    # Where the answer has just written the first of them, the copy goes on with the second.
+    ngram.observe(draft, accepted=2, token=77)
+    after = ngram.propose(source + [10, 11, 12, 77, 78, 14, 15, 16, 17, 77], 3, None)
+    assert after.tokens == [78, 18, 19]
+    # Two differing tokens with one agreeing token after them are an edit under way.
+    other = NgramDrafter()
+    other.reset(prompt_len=len(source))
+    other.propose(source + [10, 11, 12, 77, 78, 14], 4, None)
+    assert other.replacements == {} and other.insertions == {}
+
+
 def test_an_insertion_is_not_added_where_the_source_already_has_it():
     from localspec.engine.drafters import NgramDrafter
 

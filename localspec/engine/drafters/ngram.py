@@ -46,7 +46,8 @@ class NgramDrafter:
     the copy each time. A token the answer added after a source token, with agreement on both sides,
     is an insertion (a name given a suffix: `month` -> `month_current`), applied likewise after that
     source token; right after the answer wrote one, the copy goes on from the source as if it had not.
-    The target rejecting a remembered rename or insertion forgets it.
+    A source token the answer wrote as two (`print` -> `logging` `.info`) is both: a rename of it and an
+    insertion after it. The target rejecting a remembered rename or insertion forgets it.
     """
 
     name = "ngram"
@@ -119,7 +120,7 @@ class NgramDrafter:
         self._index(ctx)
         # Right after a learned insertion the text is matched as it was before it (`tail`), at sources
         # that do not already have the inserted token there.
-        inserted = ctx[-1] if n_ctx >= 3 and self.insertions.get(ctx[-2]) == ctx[-1] else None
+        inserted = ctx[-1] if n_ctx >= 3 and self._inserted_after(ctx[-2], ctx[-1]) else None
         tail = n_ctx - 2 if inserted is not None else n_ctx - 1
         last = ctx[tail]
 
@@ -128,7 +129,7 @@ class NgramDrafter:
 
         if self._cursor is not None:
             near = [e for e in range(max(self._cursor, 0), min(self._cursor + self.realign_window, n_ctx - 1))
-                    if ctx[e] == last and fits(e)]
+                    if (ctx[e] == last or self.replacements.get(ctx[e]) == last) and fits(e)]
             if near:
                 lengths = [self._match_length(ctx, e, tail) for e in near]
                 best = max(lengths)
@@ -173,8 +174,11 @@ class NgramDrafter:
             return list(self._last_source)
         proposal: list[int] = []
         self._last_from = []
-        # The answer just wrote the source token before the copy: what it adds after that token first.
-        self._lead = ctx[start - 1] if ctx[-1] == ctx[start - 1] and self._inserts_after(ctx, start - 1) else None
+        # The answer just wrote the source token before the copy (or its rename): what it adds after that
+        # token first.
+        before = ctx[start - 1]
+        wrote = ctx[-1] in (before, self.replacements.get(before))
+        self._lead = before if wrote and self._inserts_after(ctx, start - 1) else None
         if self._lead is not None:
             proposal.append(self.insertions[self._lead])
             self._last_from.append(-1)
@@ -187,6 +191,11 @@ class NgramDrafter:
                 proposal.append(self.insertions[token])
                 self._last_from.append(-1)
         return proposal
+
+    def _inserted_after(self, written: int, added: int) -> bool:
+        """Whether `added` is a learned insertion after a source token the answer wrote as `written`."""
+        return any(token == added and (source == written or self.replacements.get(source) == written)
+                   for source, token in self.insertions.items())
 
     def _inserts_after(self, ctx: list[int], at: int) -> bool:
         """Whether the answer adds a learned insertion after the source token at `at` (one the source does
@@ -211,6 +220,10 @@ class NgramDrafter:
                     self.insertions[source] = written
                     age, w = age + 1, w - 1  # the added token; the source's is compared with the one before it
                     continue
+                if self._is_expansion(arr, s, w, agreeing_after=age):  # a rename, then a token added after it
+                    self.replacements[source], self.insertions[source] = int(arr[w - 1]), written
+                    age, s, w = age + 2, s - 1, w - 2
+                    continue
                 if not self._is_rename(arr, s, w, agreeing_after=age):
                     break
                 self.replacements[source] = written
@@ -234,6 +247,13 @@ class NgramDrafter:
             return False
         confirmed = source_at + 1 < len(arr) and self._candidate == (int(arr[source_at + 1]), int(arr[written_at]))
         return agreeing_after >= 2 or (agreeing_after >= 1 and confirmed)
+
+    def _is_expansion(self, arr: list[int], source_at: int, written_at: int, agreeing_after: int) -> bool:
+        """The source's token written as two (`print` -> `logging` `.info`): two agreeing tokens after
+        them and three before, both written tokens the answer's. Learned as a rename of the source token
+        to the first and an insertion of the second after it, so later copies write both."""
+        return (agreeing_after >= 2 and written_at - 1 >= self.prompt_len and int(arr[written_at - 1]) != int(arr[source_at])
+                and self._agree(arr, source_at - 1, written_at - 2, 3))
 
     def _agree(self, arr: list[int], source_end: int, written_end: int, count: int) -> bool:
         if source_end - count + 1 < 0:
