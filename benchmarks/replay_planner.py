@@ -53,19 +53,23 @@ trees priced with its recorded time; `--gpu-table` prices bounds and model draft
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import llama_cpp  # noqa: F401  (before numpy: see localspec/engine/__init__.py)
 
 from localspec.engine.adaptive import CostModel, free_positions
+from localspec.engine.backend.gguf import VocabFile
 from localspec.engine.measuring import measure_costs
 from localspec.engine.drafters import CopyDrafter, HistoryDrafter, NgramDrafter, OpeningDrafter
 from localspec.engine.drafters.base import Draft
 from localspec.engine.drafters.ngram import copy_of
+from localspec.engine.drafters.respelling import Respelling
 from localspec.engine.drafters.suffix_index import SuffixIndex
 from localspec.engine.loss_bound import LOSS_SHARE, START_TOKENS, LossBound
 from localspec.engine.planner import Drafting
@@ -160,17 +164,18 @@ def record_draft(entry: str, recorded: str) -> None:
 
 def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
            plan_on_truth: bool = False, bounded: bool = True,
-           bound: tuple[float, float] | None = None) -> dict[str, list[float]]:
+           bound: tuple[float, float] | None = None, respelling: Respelling | None = None) -> dict[str, list[float]]:
     """Predicted speedup per answer, by suite, with the planner as it is in this checkout. `trees`: each
     round's chain grown into a tree within that much more than the chain's verify cost (replay_trees).
     `one_position`: rounds of one position cost that share of the recorded table's (the table's bias that
     `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
     one with `plan_on_truth`. `bounded` False: without the bound on what a request's drafts may lose
-    (engine/loss_bound.py); `bound`: with that bound's share and start tokens instead of the shipped."""
+    (engine/loss_bound.py); `bound`: with that bound's share and start tokens instead of the shipped.
+    `respelling`: the target's vocabulary's, so that renames carry to a name's other tokens as live."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
-    copies = CopyDrafter(control.__contains__, OpeningDrafter())
+    copies = CopyDrafter(control.__contains__, OpeningDrafter(), respelling)
     drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False,
                         loss_bound=bounded)
     price = CostModel(dict(truth))
@@ -347,6 +352,9 @@ def main() -> None:
                      help="also replay in a world where one position costs RATIO of the table's (live over table, "
                      "as verify_costs.py --live prints it), the planner pricing by the table as recorded and "
                      "by the corrected one")
+    rep.add_argument("--vocab", default=None, metavar="GGUF", help="the recorded model's file: spell names "
+                     "through its vocabulary, so that a rename carries to the name's other tokens as it does "
+                     "live (engine/drafters/respelling.py); without it, it does not")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")
     args = parser.parse_args()
@@ -364,19 +372,21 @@ def main() -> None:
             other = json.load(f)
         # a recording's table, or a bench result's (benchmarks/results/bench-*.json keeps it in milliseconds)
         data["verify_s"] = other.get("verify_s") or {n: ms / 1000 for n, ms in other["meta"]["verify_ms"].items()}
+    vocab = VocabFile(Path(args.vocab)) if args.vocab else None
+    run = functools.partial(replay, respelling=Respelling.of(vocab.vocab) if vocab else None)
     one = float(data["verify_s"]["1"])
     print("verify costs: " + "  ".join(f"{n}:{float(t) / one:.2f}x" for n, t in data["verify_s"].items()))
-    runs = [("planner", replay(data))] + ([("oracle", oracle(data))] if args.oracle else [])
+    runs = [("planner", run(data))] + ([("oracle", oracle(data))] if args.oracle else [])
     runs += [("oracle in bound", oracle(data, bound=(LOSS_SHARE, START_TOKENS)))] if args.oracle else []
-    runs += [("unbounded", replay(data, bounded=False))] if args.unbounded else []
-    runs += [(f"tree+{slack:.0%}", replay(data, slack)) for slack in args.trees]
+    runs += [("unbounded", run(data, bounded=False))] if args.unbounded else []
+    runs += [(f"tree+{slack:.0%}", run(data, slack)) for slack in args.trees]
     for setting in args.bound:
         share, start = (float(x) for x in setting.split(":"))
-        runs.append((f"{share:.1%}+{start:g}", replay(data, bound=(share, start))))
+        runs.append((f"{share:.1%}+{start:g}", run(data, bound=(share, start))))
         runs += [(f"oracle in {share:.1%}+{start:g}", oracle(data, bound=(share, start)))] if args.oracle else []
     if args.one_position is not None:  # (the planner's own rounds: `planner` above is the recorded world)
-        runs += [(f"one x{args.one_position:g}, table", replay(data, one_position=args.one_position)),
-                 (f"one x{args.one_position:g}, true", replay(data, one_position=args.one_position,
+        runs += [(f"one x{args.one_position:g}, table", run(data, one_position=args.one_position)),
+                 (f"one x{args.one_position:g}, true", run(data, one_position=args.one_position,
                                                              plan_on_truth=True))]
     if args.report:
         for label, speedups in runs:

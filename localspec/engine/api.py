@@ -19,6 +19,7 @@ from localspec.engine.contract import ServedEngine, available_drafters
 from localspec.engine.core import Core, Deliver
 from localspec.engine.driver import Driver, Pull
 from localspec.engine.drafters import CopyDrafter, Drafter, Sources, build
+from localspec.engine.drafters.respelling import Respelling
 from localspec.engine.events import Event
 from localspec.engine.kv import KvSequence
 from localspec.engine.model import BlockHead, LanguageModel, PredictionHead, Vocabulary
@@ -76,7 +77,8 @@ class Engine:
         # (each request has its own turn of it; their answers are recorded, so an editor's repeated
         # completion replays), not the draft model: the chats' draft sequences stay as they were.
         history = [d for d in self._drafters if d.name == "history"]
-        self._side = Drafting(self.cost, [CopyDrafter(target.vocab.is_control), *history],
+        copies = CopyDrafter(target.vocab.is_control, respelling=Respelling.of(target.vocab))
+        self._side = Drafting(self.cost, [copies, *history],
                               learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted,
                               queued=lambda: self.queued())
         # Every request being generated is a lane of the core's one step loop (engine/core.py).

@@ -8,6 +8,7 @@ from localspec.engine.adaptive import (ANSWER_COPY_PRIORS, COPY_PRIOR_STRENGTHS,
                                        best_length, margin_for)
 from localspec.engine.drafters.base import Draft, Drafter, Offer, Plan, Sources, Turn
 from localspec.engine.drafters.ngram import NgramDrafter, OpeningDrafter, copy_of
+from localspec.engine.drafters.respelling import Respelling
 
 
 class CopyDrafter(Drafter):
@@ -20,13 +21,16 @@ class CopyDrafter(Drafter):
     name = "ngram"
     max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)
 
-    def __init__(self, ends_copy: Callable[[int], bool] | None = None, openings: OpeningDrafter | None = None):
+    def __init__(self, ends_copy: Callable[[int], bool] | None = None, openings: OpeningDrafter | None = None,
+                 respelling: Respelling | None = None):
         self.ends_copy = ends_copy  # tokens a copy stops after (NgramDrafter.ends_copy)
         self.openings = openings
+        self.respelling = respelling  # renames carried to a name's other tokens (NgramDrafter.respelling)
 
     @classmethod
     def build(cls, sources: Sources) -> "CopyDrafter":
-        return cls(sources.target.vocab.is_control, OpeningDrafter())
+        vocab = sources.target.vocab
+        return cls(vocab.is_control, OpeningDrafter(), Respelling.of(vocab))
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "CopyTurn":
         return CopyTurn(self, prompt)
@@ -37,7 +41,7 @@ class CopyTurn(Turn):
 
     def __init__(self, drafter: CopyDrafter, prompt: Sequence[int]):
         self.drafter = drafter
-        self.lookup = NgramDrafter(ends_copy=drafter.ends_copy)
+        self.lookup = NgramDrafter(ends_copy=drafter.ends_copy, respelling=drafter.respelling)
         self.lookup.reset(prompt_len=len(prompt))
         self.conversation = OpeningDrafter.conversation(prompt)
         self.prompt_len = len(prompt)

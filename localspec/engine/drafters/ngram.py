@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from localspec.engine.drafters.base import Draft
+from localspec.engine.drafters.respelling import Respelling
 
 
 @dataclass(frozen=True)
@@ -47,19 +48,22 @@ class NgramDrafter:
     is an insertion (a name given a suffix: `month` -> `month_current`), applied likewise after that
     source token; right after the answer wrote one, the copy goes on from the source as if it had not.
     A source token the answer wrote as two (`print` -> `logging` `.info`) is both: a rename of it and an
-    insertion after it. The target rejecting a remembered rename or insertion forgets it.
+    insertion after it. Given the target's vocabulary (`Respelling`), a rename carries to the name's other
+    tokens in the context (`.calc` and `(calc` where ` calc` was renamed). The target rejecting a remembered rename or insertion forgets it.
     """
 
     name = "ngram"
     realign_window = 16  # how far past the previous copy's end a match still counts as its continuation
     max_age = 64         # a copy's age is counted up to this many tokens
 
-    def __init__(self, max_ngram: int = 6, min_ngram: int = 1, ends_copy: Callable[[int], bool] | None = None):
+    def __init__(self, max_ngram: int = 6, min_ngram: int = 1, ends_copy: Callable[[int], bool] | None = None,
+                 respelling: Respelling | None = None):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         # Control tokens (a turn's end, the next turn's header): a copy stops after the first one, since
         # an answer copying its prompt to the end goes on with its own text, not the template's.
         self.ends_copy = ends_copy
+        self.respelling = respelling  # a rename carried to the name's other tokens (`.calc` with ` calc`)
         self._cursor: int | None = None       # source position the copy should continue from
         self._substituted: int | None = None  # source position of a copied token the target replaced
         self._last_start: int | None = None   # where the last proposal was copied from
@@ -221,14 +225,26 @@ class NgramDrafter:
                     age, w = age + 1, w - 1  # the added token; the source's is compared with the one before it
                     continue
                 if self._is_expansion(arr, s, w, agreeing_after=age):  # a rename, then a token added after it
-                    self.replacements[source], self.insertions[source] = int(arr[w - 1]), written
+                    self._learn_rename(arr, source, [int(arr[w - 1]), written])
                     age, s, w = age + 2, s - 1, w - 2
                     continue
                 if not self._is_rename(arr, s, w, agreeing_after=age):
                     break
-                self.replacements[source] = written
+                self._learn_rename(arr, source, [written])
             age, s, w = age + 1, s - 1, w - 1
         return age
+
+    def _learn_rename(self, arr: list[int], source: int, written: list[int]) -> None:
+        """The source token is written as `written` (one token or two: a rename, then an insertion after
+        it), and so are the context's other tokens spelling the same name (`Respelling`)."""
+        renamed = {source: written}
+        if self.respelling is not None:
+            others = self.respelling.renamed(source, written, arr)
+            renamed.update((t, w) for t, w in others.items() if 1 <= len(w) <= 2 and t not in self.replacements)
+        for token, tokens in renamed.items():
+            self.replacements[token] = tokens[0]
+            if len(tokens) == 2:
+                self.insertions[token] = tokens[1]
 
     def _is_rename(self, arr: list[int], source_at: int, written_at: int, agreeing_after: int) -> bool:
         """One differing token with agreement on both sides: two agreeing tokens after it and three

@@ -1,0 +1,42 @@
+"""A renamed name's other tokens: where the answer renamed ` calc` to ` compute_total`, the source's
+`.calc` and `(calc` are the same name with other characters around it, so they are renamed too, each
+written as the tokens of its new spelling (`.compute` `_total`). The copy drafter asks once per rename
+it learns (ngram.NgramDrafter)."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, Sequence
+
+from localspec.engine.model import Vocabulary
+
+# A token spelling one name: the characters before it, the name, the characters after it.
+_NAME = re.compile(rb"^([^0-9A-Za-z_]*)([0-9A-Za-z_]+)([^0-9A-Za-z_]*)$")
+
+
+class Respelling:
+    """Spells names through the target's vocabulary: `spell` gives a token's bytes, `tokenize` the tokens
+    of a text (no special tokens)."""
+
+    def __init__(self, spell: Callable[[int], bytes], tokenize: Callable[[bytes], list[int]]):
+        self.spell = spell
+        self.tokenize = tokenize
+
+    @classmethod
+    def of(cls, vocab: Vocabulary) -> "Respelling":
+        return cls(vocab.token_bytes, lambda text: vocab.tokenize(text.decode("utf-8", "replace"), add_special=False))
+
+    def renamed(self, source: int, written: Sequence[int], candidates: Iterable[int]) -> dict[int, list[int]]:
+        """The tokens among `candidates` that spell the name `source` spells with other characters around
+        it, each with the tokens spelling the name `written` spells in its place; none where the rename
+        is not one name for another with the same characters around both."""
+        old = _NAME.match(self.spell(source))
+        new = _NAME.match(b"".join(self.spell(t) for t in written))
+        if old is None or new is None or old.group(1, 3) != new.group(1, 3) or old.group(2) == new.group(2):
+            return {}
+        found = {}
+        for token in set(candidates) - {source}:
+            other = _NAME.match(self.spell(token))
+            if other is not None and other.group(2) == old.group(2) and (other.group(1) + other.group(3)).strip():
+                found[token] = self.tokenize(other.group(1) + new.group(2) + other.group(3))
+        return found
