@@ -171,11 +171,12 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
     `verify_costs.py --live` measures), the planner pricing by the table as recorded, or by the corrected
     one with `plan_on_truth`. `bounded` False: without the bound on what a request's drafts may lose
     (engine/loss_bound.py); `bound`: with that bound's share and start tokens instead of the shipped.
-    `respelling`: the target's vocabulary's, so that renames carry to a name's other tokens as live."""
+    `respelling`: the target's vocabulary's, so that renames carry to a name's other tokens and copies
+    that open an answer's code are priced as live."""
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
-    copies = CopyDrafter(control.__contains__, OpeningDrafter(), respelling)
+    copies = CopyDrafter(control.__contains__, OpeningDrafter(), respelling, respelling and respelling.spell)
     drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False,
                         loss_bound=bounded)
     price = CostModel(dict(truth))
@@ -352,9 +353,10 @@ def main() -> None:
                      help="also replay in a world where one position costs RATIO of the table's (live over table, "
                      "as verify_costs.py --live prints it), the planner pricing by the table as recorded and "
                      "by the corrected one")
-    rep.add_argument("--vocab", default=None, metavar="GGUF", help="the recorded model's file: spell names "
-                     "through its vocabulary, so that a rename carries to the name's other tokens as it does "
-                     "live (engine/drafters/respelling.py); without it, it does not")
+    rep.add_argument("--vocab", default=None, metavar="GGUF", help="the recorded model's file: spell tokens "
+                     "through its vocabulary as live, so that a rename carries to the name's other tokens "
+                     "(engine/drafters/respelling.py) and a copy that opens an answer's code is priced as one "
+                     "(engine/drafters/copies.py); without it, neither")
     rep.add_argument("--costs", default=None, help="price with the verify costs of another recording (a build "
                      "with other kernels: record once with each build's venv, replay each recording at both)")
     args = parser.parse_args()

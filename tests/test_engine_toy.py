@@ -751,6 +751,26 @@ def test_an_old_copy_drafts_at_a_requests_first_chance_on_a_steep_avx2_shape():
     assert resumed.tokens == []                                # age 6: may be a copy resumed after an edit
 
 
+def test_a_copy_the_answers_code_opens_with_is_priced_as_an_old_one():
+    """An edit's answer writes its code out again from its first line: a copy of the prompt begun at the
+    answer's first code token (right after its opening fence line) is priced as a copy CODE_OPENING_AGE
+    old, and drafted at once (within the loss bound); the same young copy after any other first line
+    is not, nor where the drafter cannot spell tokens."""
+    from localspec.engine.drafters import CopyDrafter
+    from localspec.engine.planner import Drafting
+
+    steep = CostModel({1: 1.0, 2: 1.70, 3: 2.45, 4: 3.04, 6: 4.59, 8: 8.82, 12: 10.0, 16: 10.84})
+    pieces = {5: b"```", 6: b"python", 7: b"\n", 8: b"Here", 9: b" is"}
+    prompt = [50, 51, 52, 7] + list(range(100, 140))          # an instruction, then the code
+    drafting = Drafting(steep, [CopyDrafter(spell=lambda t: pieces.get(t, b" t%d" % t))], learn_costs=False)
+    opened = drafting.planner(prompt, "ngram").draft(prompt + [5, 6, 7, 100], room=100, sampler=None)
+    assert opened.note.age == 2 and opened.tokens == [101]    # one token: all the bound allows at first
+    elsewhere = drafting.planner(prompt, "ngram").draft(prompt + [8, 9, 7, 100], room=100, sampler=None)
+    assert elsewhere.tokens == []                             # (the same copy, two tokens old)
+    unspelt = Drafting(steep, [CopyDrafter()], learn_costs=False).planner(prompt, "ngram")
+    assert unspelt.draft(prompt + [5, 6, 7, 100], room=100, sampler=None).tokens == []
+
+
 def test_answers_open_the_way_other_conversations_answers_opened():
     from localspec.engine.drafters import OpeningDrafter
 
