@@ -10,7 +10,8 @@ from localspec.engine.drafters.respelling import Respelling
 
 PIECES = {10: b" calc", 11: b".calc", 12: b"(calc", 13: b" compute", 14: b"_total", 15: b".compute",
           16: b"(compute", 17: b" x", 18: b"(", 19: b")", 20: b":\n", 21: b" =", 22: b" cart", 23: b" return",
-          24: b" total", 25: b" def", 26: b" self", 27: b" +", 28: b" 1", 29: b" y", 30: b"class", 31: b" Cart"}
+          24: b" total", 25: b" def", 26: b" self", 27: b" +", 28: b" 1", 29: b" y", 30: b"class", 31: b" Cart",
+          50: b"Rename", 51: b" `", 52: b"calc", 53: b"`", 54: b" to", 55: b"compute", 56: b".\n"}
 
 
 def _tokenize(text: bytes) -> list[int]:
@@ -50,6 +51,19 @@ def test_a_copy_writes_the_renamed_name_where_the_source_spells_it_otherwise():
     assert without.propose(source + answer, 12, None).tokens[7] == 11  # (the source's own token: a break)
 
 
+def test_the_renames_a_prompt_asks_for_are_known_before_the_answer_starts():
+    """"Rename `calc` to `compute`": every prompt token spelling `calc` is written as the new name from the
+    answer's first copy on, spaces around it included (the prompt named the name)."""
+    spelling = SPELLING
+    prompt = [50, 51, 52, 53, 54, 51, 55, 53, 56, 25, 10, 18, 26, 19, 20, 23, 22, 11, 18, 19]
+    assert spelling.asked(prompt) == {10: [13], 11: [15], 52: [55]}
+    assert spelling.asked([25, 10, 18, 26, 19, 20]) == {}                       # nothing asked
+    ngram = NgramDrafter(respelling=spelling)
+    ngram.reset(prompt_len=len(prompt))
+    ngram.rename(spelling.asked(prompt))
+    assert ngram.propose(prompt + [25], 8, None).tokens == [13, 18, 26, 19, 20, 23, 22, 15]
+
+
 @pytest.mark.model
 def test_the_real_tokenizer_respells_a_renamed_method_at_its_call(qwen_coder_path):
     from localspec.engine.backend.gguf import VocabFile
@@ -68,3 +82,12 @@ def test_the_real_tokenizer_respells_a_renamed_method_at_its_call(qwen_coder_pat
         rest = vocab.detokenize(answer[def_line + 2:])
         assert vocab.detokenize(draft.tokens).startswith(rest[:rest.index("()") + 2])
         assert ".compute_total()" in vocab.detokenize(draft.tokens)
+        # Asked in so many words, the rename is written from the answer's first copy on.
+        ask = vocab.tokenize("Rename the method `calc` to `compute_total`.\n\n" + code, add_special=False)
+        asking = NgramDrafter(respelling=Respelling.of(vocab))
+        asking.reset(prompt_len=len(ask))
+        asking.rename(Respelling.of(vocab).asked(ask))
+        opening = vocab.tokenize("class Cart:\n    def", add_special=False)
+        first = asking.propose(ask + opening, 64, None)
+        assert vocab.detokenize(first.tokens).startswith(" compute_total(self):\n")
+        assert ".compute_total()" in vocab.detokenize(first.tokens)

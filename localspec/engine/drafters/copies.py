@@ -52,6 +52,8 @@ class CopyTurn(Turn):
         self.drafter = drafter
         self.lookup = NgramDrafter(ends_copy=drafter.ends_copy, respelling=drafter.respelling)
         self.lookup.reset(prompt_len=len(prompt))
+        if drafter.respelling is not None:  # the renames the prompt asks for, from the answer's first copy
+            self.lookup.rename(drafter.respelling.asked(prompt))
         self.conversation = OpeningDrafter.conversation(prompt)
         self.prompt_len = len(prompt)
         self._code_at: int | None = None  # the answer's first code token (CopyTurn._find_code_start); -1: none

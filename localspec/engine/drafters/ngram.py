@@ -239,10 +239,18 @@ class NgramDrafter:
         it), and so are the context's other tokens spelling the same name (`Respelling`)."""
         renamed = {source: written}
         if self.respelling is not None:
-            others = self.respelling.renamed(source, written, arr)
-            renamed.update((t, w) for t, w in others.items() if 1 <= len(w) <= 2 and t not in self.replacements)
+            renamed.update((t, w) for t, w in self.respelling.renamed(source, written, arr).items()
+                           if t not in self.replacements)
+        self.rename(renamed)
+
+    def rename(self, renamed: dict[int, list[int]]) -> None:
+        """Write each source token as its tokens from now on: one (a rename) or two (a rename, then an
+        insertion after it); longer ones are not written so."""
         for token, tokens in renamed.items():
-            self.replacements[token] = tokens[0]
+            if not 1 <= len(tokens) <= 2:
+                continue
+            if tokens[0] != token:
+                self.replacements[token] = tokens[0]
             if len(tokens) == 2:
                 self.insertions[token] = tokens[1]
 

@@ -1,7 +1,9 @@
-"""A renamed name's other tokens: where the answer renamed ` calc` to ` compute_total`, the source's
-`.calc` and `(calc` are the same name with other characters around it, so they are renamed too, each
-written as the tokens of its new spelling (`.compute` `_total`). The copy drafter asks once per rename
-it learns (ngram.NgramDrafter)."""
+"""Renames spelt through the target's vocabulary. Where the answer renamed ` calc` to ` compute_total`,
+the source's `.calc` and `(calc` are the same name with other characters around it, so they are renamed
+too, each written as the tokens of its new spelling (`.compute` `_total`); the copy drafter asks once per
+rename it learns (ngram.NgramDrafter). And where the prompt asks for a rename in so many words
+("Rename `calc` to `compute_total`"), every token spelling the old name is renamed from the answer's
+start (copies.CopyTurn)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from localspec.engine.model import Vocabulary
 
 # A token spelling one name: the characters before it, the name, the characters after it.
 _NAME = re.compile(rb"^([^0-9A-Za-z_]*)([0-9A-Za-z_]+)([^0-9A-Za-z_]*)$")
+# A line asking for renames, and each rename it asks: `old` to `new`.
+_ASKS_RENAMES = re.compile(rb"(?i)\brename\b[^\n]*")
+_RENAME = re.compile(rb"`([A-Za-z_][0-9A-Za-z_]*)`\s+(?:to|into|as)\s+`([A-Za-z_][0-9A-Za-z_]*)`")
 
 
 class Respelling:
@@ -25,6 +30,19 @@ class Respelling:
     @classmethod
     def of(cls, vocab: Vocabulary) -> "Respelling":
         return cls(vocab.token_bytes, lambda text: vocab.tokenize(text.decode("utf-8", "replace"), add_special=False))
+
+    def asked(self, prompt: Sequence[int]) -> dict[int, list[int]]:
+        """The renames the prompt asks for in so many words ("Rename `calc` to `compute_total`"): each
+        prompt token spelling an old name, with any characters around it, and the tokens spelling the new
+        name in its place."""
+        text = b"".join(self.spell(t) for t in prompt)
+        names = {old: new for line in _ASKS_RENAMES.findall(text) for old, new in _RENAME.findall(line) if old != new}
+        found = {}
+        for token in set(prompt):
+            spelt = _NAME.match(self.spell(token))
+            if spelt is not None and spelt.group(2) in names:
+                found[token] = self.tokenize(spelt.group(1) + names[spelt.group(2)] + spelt.group(3))
+        return found
 
     def renamed(self, source: int, written: Sequence[int], candidates: Iterable[int]) -> dict[int, list[int]]:
         """The tokens among `candidates` that spell the name `source` spells with other characters around
