@@ -49,7 +49,8 @@ class NgramDrafter:
     source token; right after the answer wrote one, the copy goes on from the source as if it had not.
     A source token the answer wrote as two (`print` -> `logging` `.info`) is both: a rename of it and an
     insertion after it. Given the target's vocabulary (`Respelling`), a rename carries to the name's other
-    tokens in the context (`.calc` and `(calc` where ` calc` was renamed). The target rejecting a remembered rename or insertion forgets it.
+    tokens in the context (`.calc` and `(calc` where ` calc` was renamed). The target rejecting a
+    remembered rename or insertion forgets it.
     """
 
     name = "ngram"
@@ -276,8 +277,8 @@ class NgramDrafter:
         """The source's token written as two (`print` -> `logging` `.info`): two agreeing tokens after
         them and three before, both written tokens the answer's. Learned as a rename of the source token
         to the first and an insertion of the second after it, so later copies write both."""
-        return (agreeing_after >= 2 and written_at - 1 >= self.prompt_len and int(arr[written_at - 1]) != int(arr[source_at])
-                and self._agree(arr, source_at - 1, written_at - 2, 3))
+        return (agreeing_after >= 2 and written_at - 1 >= self.prompt_len
+                and int(arr[written_at - 1]) != int(arr[source_at]) and self._agree(arr, source_at - 1, written_at - 2, 3))
 
     def _agree(self, arr: list[int], source_end: int, written_end: int, count: int) -> bool:
         if source_end - count + 1 < 0:
