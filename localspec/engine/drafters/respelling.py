@@ -37,12 +37,7 @@ class Respelling:
         name in its place."""
         text = b"".join(self.spell(t) for t in prompt)
         names = {old: new for line in _ASKS_RENAMES.findall(text) for old, new in _RENAME.findall(line) if old != new}
-        found = {}
-        for token in set(prompt):
-            spelt = _NAME.match(self.spell(token))
-            if spelt is not None and spelt.group(2) in names:
-                found[token] = self.tokenize(spelt.group(1) + names[spelt.group(2)] + spelt.group(3))
-        return found
+        return self._respelt(set(prompt), names, anywhere=True) if names else {}
 
     def renamed(self, source: int, written: Sequence[int], candidates: Iterable[int]) -> dict[int, list[int]]:
         """The tokens among `candidates` that spell the name `source` spells with other characters around
@@ -52,9 +47,18 @@ class Respelling:
         new = _NAME.match(b"".join(self.spell(t) for t in written))
         if old is None or new is None or old.group(1, 3) != new.group(1, 3) or old.group(2) == new.group(2):
             return {}
+        return self._respelt(set(candidates) - {source}, {old.group(2): new.group(2)}, anywhere=False)
+
+    def _respelt(self, tokens: set[int], names: dict[bytes, bytes], anywhere: bool) -> dict[int, list[int]]:
+        """The tokens spelling an old name of `names`, each with the tokens spelling its new name with the
+        same characters around it; `anywhere` False: only tokens with more than spaces around the name
+        (prose keeps a word that code renamed: a docstring's "MIME type")."""
         found = {}
-        for token in set(candidates) - {source}:
-            other = _NAME.match(self.spell(token))
-            if other is not None and other.group(2) == old.group(2) and (other.group(1) + other.group(3)).strip():
-                found[token] = self.tokenize(other.group(1) + new.group(2) + other.group(3))
+        for token in tokens:
+            spelt = _NAME.match(self.spell(token))
+            if spelt is None or spelt.group(2) not in names:
+                continue
+            before, after = spelt.group(1), spelt.group(3)
+            if anywhere or (before + after).strip():
+                found[token] = self.tokenize(before + names[spelt.group(2)] + after)
         return found
