@@ -64,6 +64,20 @@ def test_the_renames_a_prompt_asks_for_are_known_before_the_answer_starts():
     assert ngram.propose(prompt + [25], 8, None).tokens == [13, 18, 26, 19, 20, 23, 22, 15]
 
 
+def test_an_images_positions_are_never_spelt():
+    """Image positions (negative ids) stand in a prompt among its tokens; llama.cpp aborts the process
+    on spelling one, so they spell nothing here."""
+    def spell(token: int) -> bytes:
+        assert token >= 0, "an image's position was spelt"
+        return PIECES.get(token, b"#%d" % token)
+
+    spelling = Respelling(spell, _tokenize)
+    prompt = [50, 51, 52, 53, 54, 51, 55, 53, 56, -7, -7, -7, 25, 10, 18, 26, 19, 20]
+    assert spelling.asked(prompt) == {10: [13], 52: [55]}
+    assert spelling.renamed(10, [13, 14], prompt + [11]) == {11: [15, 14]}
+    assert spelling.renamed(-7, [13], prompt) == {}
+
+
 @pytest.mark.model
 def test_the_real_tokenizer_respells_a_renamed_method_at_its_call(qwen_coder_path):
     from localspec.engine.backend.gguf import VocabFile

@@ -24,8 +24,13 @@ class Respelling:
     of a text (no special tokens)."""
 
     def __init__(self, spell: Callable[[int], bytes], tokenize: Callable[[bytes], list[int]]):
-        self.spell = spell
+        self._spell = spell
         self.tokenize = tokenize
+
+    def spell(self, token: int) -> bytes:
+        """A token's bytes; an image's position (a negative id, engine/backend/vision.py) spells nothing:
+        it is no token of the vocabulary, which aborts the process on one."""
+        return self._spell(token) if token >= 0 else b""
 
     @classmethod
     def of(cls, vocab: Vocabulary) -> "Respelling":
