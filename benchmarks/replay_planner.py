@@ -176,7 +176,7 @@ def replay(data: dict, trees: float | None = None, one_position: float = 1.0,
     costs = {int(n): s for n, s in data["verify_s"].items()}
     truth = {**costs, 1: costs[1] * one_position}
     control = set(data["control"])
-    copies = CopyDrafter(control.__contains__, OpeningDrafter(), respelling, respelling and respelling.spell)
+    copies = CopyDrafter(control.__contains__, OpeningDrafter(), respelling)
     drafting = Drafting(CostModel(dict(truth if plan_on_truth else costs)), [copies], learn_costs=False,
                         loss_bound=bounded)
     price = CostModel(dict(truth))

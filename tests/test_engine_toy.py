@@ -757,12 +757,14 @@ def test_a_copy_the_answers_code_opens_with_is_priced_as_an_old_one():
     old, and drafted at once (within the loss bound); the same young copy after any other first line
     is not, nor where the drafter cannot spell tokens."""
     from localspec.engine.drafters import CopyDrafter
+    from localspec.engine.drafters.respelling import Respelling
     from localspec.engine.planner import Drafting
 
     steep = CostModel({1: 1.0, 2: 1.70, 3: 2.45, 4: 3.04, 6: 4.59, 8: 8.82, 12: 10.0, 16: 10.84})
     pieces = {5: b"```", 6: b"python", 7: b"\n", 8: b"Here", 9: b" is"}
     prompt = [50, 51, 52, 7] + list(range(100, 140))          # an instruction, then the code
-    drafting = Drafting(steep, [CopyDrafter(spell=lambda t: pieces.get(t, b" t%d" % t))], learn_costs=False)
+    spelling = Respelling(lambda t: pieces.get(t, b" t%d" % t), lambda text: [])
+    drafting = Drafting(steep, [CopyDrafter(respelling=spelling)], learn_costs=False)
     opened = drafting.planner(prompt, "ngram").draft(prompt + [5, 6, 7, 100], room=100, sampler=None)
     assert opened.note.age == 2 and opened.tokens == [101]    # one token: all the bound allows at first
     elsewhere = drafting.planner(prompt, "ngram").draft(prompt + [8, 9, 7, 100], room=100, sampler=None)

@@ -77,8 +77,7 @@ class Engine:
         # (each request has its own turn of it; their answers are recorded, so an editor's repeated
         # completion replays), not the draft model: the chats' draft sequences stay as they were.
         history = [d for d in self._drafters if d.name == "history"]
-        copies = CopyDrafter(target.vocab.is_control, respelling=Respelling.of(target.vocab),
-                             spell=target.vocab.token_bytes)
+        copies = CopyDrafter(target.vocab.is_control, respelling=Respelling.of(target.vocab))
         self._side = Drafting(self.cost, [copies, *history],
                               learn_costs=opts.learn_costs, plain_wanted=self.plain_rounds.wanted,
                               queued=lambda: self.queued())

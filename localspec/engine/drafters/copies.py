@@ -30,16 +30,17 @@ class CopyDrafter(Drafter):
     max_len = 15      # longest copy (free to draft; 16 positions batch well on CPUs)
 
     def __init__(self, ends_copy: Callable[[int], bool] | None = None, openings: OpeningDrafter | None = None,
-                 respelling: Respelling | None = None, spell: Callable[[int], bytes] | None = None):
+                 respelling: Respelling | None = None):
         self.ends_copy = ends_copy  # tokens a copy stops after (NgramDrafter.ends_copy)
         self.openings = openings
-        self.respelling = respelling  # renames carried to a name's other tokens (NgramDrafter.respelling)
-        self.spell = spell  # a token's bytes: where an answer's code begins (CopyTurn._find_code_start)
+        # The target's spelling: renames carried to a name's other tokens (NgramDrafter.respelling), and
+        # where an answer's code begins (CopyTurn._find_code_start).
+        self.respelling = respelling
 
     @classmethod
     def build(cls, sources: Sources) -> "CopyDrafter":
         vocab = sources.target.vocab
-        return cls(vocab.is_control, OpeningDrafter(), Respelling.of(vocab), vocab.token_bytes)
+        return cls(vocab.is_control, OpeningDrafter(), Respelling.of(vocab))
 
     def begin(self, prompt: Sequence[int], plan: Plan) -> "CopyTurn":
         return CopyTurn(self, prompt)
@@ -94,9 +95,9 @@ class CopyTurn(Turn):
     def _find_code_start(self, context: Sequence[int]) -> None:
         """Find where the answer's code begins, once its first line is written: after an opening fence
         line (`FENCE` first), else nowhere (-1)."""
-        spell = self.drafter.spell
-        if self._code_at is not None or spell is None:
+        if self._code_at is not None or self.drafter.respelling is None:
             return
+        spell = self.drafter.respelling.spell
         line = b""
         for i, token in enumerate(context[self.prompt_len:self.prompt_len + OPENING_LINE_TOKENS]):
             line += spell(token)
