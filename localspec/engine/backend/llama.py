@@ -216,9 +216,16 @@ class Model(ImageDecoding, _Metadata):
 
     def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
-        buffer (the next decode overwrites it)."""
-        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-                         for i in rows])
+        buffer (the next decode overwrites it) with one memmove a row: this runs after every decode."""
+        rows = list(rows)
+        out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+        row_bytes, at = out.strides[0], out.ctypes.data
+        for k, i in enumerate(rows):
+            logits = L.llama_get_logits_ith(self._ctx, i)
+            if not logits:
+                raise LocalspecError(f"{self.path.name} has no logits for batch row {i}.")
+            ctypes.memmove(at + k * row_bytes, logits, row_bytes)
+        return out
 
     @property
     def spare_seqs(self) -> tuple[int, ...]:

@@ -38,6 +38,14 @@ def _hash_of(tokens: Sequence[int]) -> np.uint64:
     return np.uint64(h)
 
 
+def _equal_to(keys: np.ndarray, values: np.ndarray, key: np.uint64) -> np.ndarray:
+    """The values stored under `key` in sorted `keys` (values[i] belongs to keys[i])."""
+    lo = int(keys.searchsorted(key, side="left"))
+    if lo == len(keys) or keys[lo] != key:  # (most lookups: one search)
+        return values[:0]
+    return values[lo:int(keys.searchsorted(key, side="right"))]
+
+
 def context_digest(tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(np.asarray(tokens, dtype=np.int32).tobytes(), digest_size=16).digest()
 
@@ -46,8 +54,9 @@ class SuffixIndex:
     """Documents (a request's new prompt text and its answer), token ids in one array, looked up by the
     hash of their n-grams at a few lengths (`levels`, longest tried first).
 
-    Recent documents wait in a small unsorted tail that lookups scan; it is merged into the sorted
-    part when it grows past `merge_at`, so adding a request costs the tail's hashes, not a re-sort."""
+    Recent documents wait in a small sorted tail, re-sorted as each is added; it is merged into the
+    large sorted part when it grows past `merge_at`, so adding a request sorts the tail, not the whole
+    index, and a lookup (once per round) is a binary search in each part, never a scan."""
 
     levels = (12, 6, 3)
     merge_at = 32_768
@@ -101,8 +110,10 @@ class SuffixIndex:
         for n in self.levels:
             if len(new) >= n:
                 keys, ends = self._hashes(start, self.n_tokens, n)
-                self._tail_keys[n] = np.concatenate([self._tail_keys[n], keys])
-                self._tail_ends[n] = np.concatenate([self._tail_ends[n], ends])
+                keys = np.concatenate([self._tail_keys[n], keys])
+                ends = np.concatenate([self._tail_ends[n], ends])
+                order = np.argsort(keys, kind="stable")
+                self._tail_keys[n], self._tail_ends[n] = keys[order], ends[order]
         if self.n_tokens - self._sorted_upto > self.merge_at:
             self._rebuild()
 
@@ -157,14 +168,14 @@ class SuffixIndex:
                 continue
             tail = list(context[-n:])
             h = _hash_of(tail)
-            lo, hi = np.searchsorted(self._keys[n], h, side="left"), np.searchsorted(self._keys[n], h, side="right")
-            found = np.concatenate([self._ends[n][lo:hi], self._tail_ends[n][self._tail_keys[n] == h]])
+            found = np.concatenate([_equal_to(self._keys[n], self._ends[n], h),
+                                    _equal_to(self._tail_keys[n], self._tail_ends[n], h)])
             if not found.size:
                 continue
             found = found[found + 1 < self._doc_end(found)]  # something follows within its document
-            want = np.asarray(tail, dtype=np.int32)
-            found = np.array([p for p in np.sort(found)[::-1][:4 * most]
-                              if np.array_equal(self.tokens[p - n + 1:p + 1], want)], dtype=np.int64)[:most]
+            found = np.sort(found)[::-1][:4 * most]
+            same = (self.tokens[found[:, None] + np.arange(1 - n, 1)] == np.asarray(tail, dtype=np.int32)).all(axis=1)
+            found = found[same][:most]  # (not a hash's collision)
             if found.size:
                 return n, found
         return 0, np.zeros(0, dtype=np.int64)
