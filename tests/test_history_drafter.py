@@ -38,6 +38,40 @@ def test_the_latest_longest_occurrence_is_proposed_and_documents_do_not_run_into
     assert index.propose([70, 71, 72], 5) == ([], [], 0)
 
 
+def _occurrences(docs, tail):
+    """Brute force: where each document holds `tail`, as positions of its last token in the index."""
+    found, start = [], 0
+    for doc in docs:
+        for end in range(len(tail) - 1, len(doc) - 1):  # (something follows within the document)
+            if doc[end - len(tail) + 1:end + 1] == tail:
+                found.append(start + end)
+        start += len(doc)
+    return sorted(found, reverse=True)
+
+
+def test_hashes_shared_by_other_ngrams_are_not_matches_in_the_sorted_part_or_the_recent_tail(monkeypatch):
+    import localspec.engine.drafters.suffix_index as si
+
+    # every n-gram's hash one of four: nearly every hash found belongs to other tokens
+    monkeypatch.setattr(si, "_ngram_hashes", lambda tokens, n: np.array(
+        [sum(int(t) for t in tokens[i:i + n]) % 4 for i in range(len(tokens) - n + 1)], dtype=np.uint64))
+    monkeypatch.setattr(si, "_hash_of", lambda tokens: np.uint64(sum(int(t) for t in tokens) % 4))
+    rng = np.random.default_rng(0)
+    docs = [[int(t) for t in rng.integers(0, 6, 40)] for _ in range(6)]
+    index = SuffixIndex()
+    for doc in docs[:3]:
+        index.append(np.array(doc))
+    index._rebuild()  # the first three sorted, the rest in the tail
+    for doc in docs[3:]:
+        index.append(np.array(doc))
+    assert index._sorted_upto == 120 and len(index._tail_keys[3]) == 3 * 38
+    for context in ([1, 2, 3], [0, 0, 5, 4], [5, 5, 5, 5, 5, 5, 1]):
+        n, positions = index.matches(context, most=1000)
+        assert n and positions.tolist() == _occurrences(docs, context[-n:])
+        longer = [level for level in index.levels if n < level <= len(context)]
+        assert all(not _occurrences(docs, context[-level:]) for level in longer)
+
+
 def test_continuations_are_voted_by_how_many_earlier_requests_went_that_way():
     index = SuffixIndex()
     for tail in ([10, 11], [10, 11], [10, 12]):
