@@ -22,7 +22,7 @@ import numpy as np
 
 from localspec.engine.backend.beside import BesideTarget
 from localspec.engine.backend.llama import Model
-from localspec.engine.backend.staging import CALLS, FLOATS, rows
+from localspec.engine.backend.staging import CALLS, FLOATS, logits_rows, rows
 from localspec.errors import LocalspecError, ModelFileError
 
 
@@ -121,7 +121,6 @@ class DFlashDraft(BesideTarget):
         try:
             if rc != 0:
                 raise LocalspecError(f"The DFlash draft failed to draft (llama_process returned {rc}).")
-            return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-                             for i in range(1, n + 1)]).copy()
+            return logits_rows(self._ctx, range(1, n + 1), self.n_vocab)
         finally:
             L.llama_memory_seq_rm(self._memory, seq, pos, -1)

@@ -17,7 +17,7 @@ from localspec.engine.backend.grids import Grids
 from localspec.engine.backend.images import ImageDecoding
 from localspec.engine.backend.mtp import MtpHead, record_hidden
 from localspec.engine.backend.options import ModelOptions
-from localspec.engine.backend.staging import Follower
+from localspec.engine.backend.staging import Follower, logits_rows
 from localspec.engine.backend.staging import unavailable as heads_unavailable
 from localspec.engine.backend.system import build_id, problems_mark, problems_since
 from localspec.errors import ContextOverflowError, LocalspecError
@@ -216,16 +216,8 @@ class Model(ImageDecoding, _Metadata):
 
     def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
-        buffer (the next decode overwrites it) with one memmove a row: this runs after every decode."""
-        rows = list(rows)
-        out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
-        row_bytes, at = out.strides[0], out.ctypes.data
-        for k, i in enumerate(rows):
-            logits = L.llama_get_logits_ith(self._ctx, i)
-            if not logits:
-                raise LocalspecError(f"{self.path.name} has no logits for batch row {i}.")
-            ctypes.memmove(at + k * row_bytes, logits, row_bytes)
-        return out
+        buffer (the next decode overwrites it)."""
+        return logits_rows(self._ctx, list(rows), self.n_vocab)
 
     @property
     def spare_seqs(self) -> tuple[int, ...]:

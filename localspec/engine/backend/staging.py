@@ -115,6 +115,20 @@ def rows(pointer, n: int, width: int) -> np.ndarray:
     return np.ctypeslib.as_array(pointer, shape=(n, width)).copy()
 
 
+def logits_rows(ctx, indices: Sequence[int], n_vocab: int) -> np.ndarray:
+    """The logits at these batch indices of a context's last decode, (len(indices), n_vocab), copied out
+    of llama.cpp's buffer (the next decode overwrites it) with one memmove a row: this runs after every
+    decode."""
+    out = np.empty((len(indices), n_vocab), dtype=np.float32)
+    row_bytes, at = out.strides[0], out.ctypes.data
+    for k, i in enumerate(indices):
+        logits = L.llama_get_logits_ith(ctx, i)
+        if not logits:
+            raise LocalspecError(f"llama.cpp has no logits for batch row {i}.")
+        ctypes.memmove(at + k * row_bytes, logits, row_bytes)
+    return out
+
+
 def hidden_states(ctx, indices: Sequence[int], width: int) -> np.ndarray:
     """The trunk's hidden states (`h_nextn`) a target context kept for these rows of its last decode."""
     get = CALLS["get_embeddings_nextn_ith"]
@@ -127,8 +141,7 @@ def hidden_states(ctx, indices: Sequence[int], width: int) -> np.ndarray:
 def predictions(ctx, indices: Sequence[int], n_vocab: int, width: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """What a head's decode gave at these rows of its batch: the logits, and the head's own state there
     (for its next step)."""
-    return [(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy(),
-             hidden_states(ctx, [i], width)[0]) for i in indices]
+    return [(logits_rows(ctx, [i], n_vocab)[0], hidden_states(ctx, [i], width)[0]) for i in indices]
 
 
 def add_token(batch, seq: int, token: int, pos: int, state: np.ndarray, output: bool) -> np.ndarray:
