@@ -217,7 +217,7 @@ class Model(ImageDecoding, _Metadata):
     def _logits_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The last decode's logits at these batch indices, (len(rows), n_vocab), copied out of llama.cpp's
         buffer (the next decode overwrites it)."""
-        return logits_rows(self._ctx, list(rows), self.n_vocab)
+        return logits_rows(self._ctx, rows, self.n_vocab)
 
     @property
     def spare_seqs(self) -> tuple[int, ...]:

@@ -141,7 +141,7 @@ def hidden_states(ctx, indices: Sequence[int], width: int) -> np.ndarray:
 def predictions(ctx, indices: Sequence[int], n_vocab: int, width: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """What a head's decode gave at these rows of its batch: the logits, and the head's own state there
     (for its next step)."""
-    return [(logits_rows(ctx, [i], n_vocab)[0], hidden_states(ctx, [i], width)[0]) for i in indices]
+    return list(zip(logits_rows(ctx, indices, n_vocab), hidden_states(ctx, indices, width)))
 
 
 def add_token(batch, seq: int, token: int, pos: int, state: np.ndarray, output: bool) -> np.ndarray:
