@@ -457,3 +457,44 @@ def test_the_pump_sleeps_until_the_step_is_due(monkeypatch):
     assert asyncio.run(scenario()) == "event"
     assert sleeps[0] >= module.LONGEST_WAIT_S - 0.01  # towards the step's end, not HANDOFF_S
     assert max(sleeps) <= module.LONGEST_WAIT_S and sleeps[-1] > module.HANDOFF_S
+
+
+def test_the_pump_first_looks_a_little_past_the_steps_end(monkeypatch):
+    """A step takes about what the one before took: the pump's first look comes PAST_DUE_S after the
+    expected end, so that a step ending on time is collected by one wake-up, not a look too soon and a
+    poll after it."""
+    import collections
+
+    from localspec.server import handoff as module
+
+    class Clock:  # (time stands still: the sleep asked for is the rule's alone)
+        @staticmethod
+        def monotonic() -> float:
+            return 100.0
+
+    class Request:
+        def __init__(self) -> None:
+            self.box: collections.deque = collections.deque()
+            self.events: asyncio.Queue = asyncio.Queue()
+            self.loop = asyncio.get_running_loop()
+
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(delay, *args, **kwargs):
+        sleeps.append(delay)
+        return await real_sleep(0, *args, **kwargs)
+
+    async def scenario() -> None:
+        monkeypatch.setattr(module, "time", Clock)
+        monkeypatch.setattr(module.asyncio, "sleep", recorded)
+        handoff, request = module.Handoff(), Request()
+        handoff.expect(0.02)
+        handoff.watch(request)
+        while not sleeps:
+            await real_sleep(0)
+        handoff.forget(request)
+
+    asyncio.run(scenario())
+    assert sleeps[0] > 0.02 and sleeps[0] == pytest.approx(0.02 + module.PAST_DUE_S)  # past the due time
+    assert module.HANDOFF_S < 0.02 + module.PAST_DUE_S < module.LONGEST_WAIT_S

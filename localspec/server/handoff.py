@@ -4,9 +4,9 @@ The engine's thread leaves each event in the request's box and never wakes the l
 loop take the GIL between two decodes, and the next decode then waits for the loop's work on the event.
 Instead each loop has one pump
 that moves every box into its request's queue while requests are in flight, and stops when none is.
-The pump sleeps until the engine's current step is due to end (`expect`: the scheduler's thread says how
-long the step before took), then every HANDOFF_S until it ends: every wake-up costs the loop's thread CPU
-that llama.cpp's threads would have had, and a step is many HANDOFF_S long.
+The pump sleeps until a little past the moment the engine's current step is due to end (`expect`: the
+scheduler's thread says how long the step before took), then every HANDOFF_S until it ends: every wake-up
+costs the loop's thread CPU that llama.cpp's threads would have had, and a step is many HANDOFF_S long.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import time
 from typing import Any, Protocol
 
 HANDOFF_S = 0.005
+# Past a step's expected end, the pump's first look waits this much more: a step takes about what the one
+# before took, give or take the Python around its decode, and a look that comes too soon costs a wake-up.
+PAST_DUE_S = 0.002
 # The longest the pump sleeps towards a step's expected end: a step that ends sooner than the one before
-# (a speculative round that drafted less) delays its events by at most this.
-LONGEST_WAIT_S = 0.025
+# (a speculative round that drafted less, the first token after a prompt) delays its events by at most this.
+LONGEST_WAIT_S = 0.05
 
 
 class Boxed(Protocol):
@@ -67,6 +70,6 @@ class Handoff:
                     box, events = request.box, request.events
                     while box:
                         events.put_nowait(box.popleft())
-                await asyncio.sleep(min(max(self._due - time.monotonic(), HANDOFF_S), LONGEST_WAIT_S))
+                await asyncio.sleep(min(max(self._due + PAST_DUE_S - time.monotonic(), HANDOFF_S), LONGEST_WAIT_S))
         finally:
             self._pumping.discard(loop)
