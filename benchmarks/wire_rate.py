@@ -18,6 +18,9 @@ once (one pair), `--pairs` of each suite, the suites interleaved; each suite's m
 empty: no repeat replays another's answer) and the order reversed: one pair per prompt cannot tell a
 prompt's 5% from this VM's noise. Every pair records what localspec drafted (tokens made and kept, by
 drafter), and each suite's summary their totals.
+
+`--peer own`: the other server is localspec too, as the benchmark starts it without --serve-defaults (one
+slot of 4096 tokens, no history drafts), the same --drafter: what serve's defaults themselves cost.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="ask every question this many times, both servers "
                     "started afresh each time and the order reversed (a prompt's ratio: their geometric mean)")
     ap.add_argument("--peer-args", default="", help="more llama-server arguments (e.g. --no-repack)")
+    ap.add_argument("--peer", choices=("llama-server", "own"), default="llama-server",
+                    help="own: the other server is localspec with one slot of 4096 and no history drafts")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    if llama_server() is None:  # (checked before localspec's server starts)
+    if args.peer == "llama-server" and llama_server() is None:  # (checked before localspec's server starts)
         raise SystemExit("llama-server is not on PATH and LLAMA_SERVER does not name it")
     ours_port, theirs_port = free_port(), free_port()
     asked = suites(args.prompts, args.pairs) if args.prompts else None
@@ -71,7 +76,8 @@ def main() -> None:
     if args.serve_defaults and not asked and args.pairs + 1 > len(questions):
         raise SystemExit(f"--serve-defaults asks each question once: at most {len(questions) - 1} pairs")
     asked = asked or [("chat", f"q{i % len(questions) + 1}", questions[i % len(questions)]) for i in range(args.pairs)]
-    urls = {"localspec": f"http://127.0.0.1:{ours_port}", "llama-server": f"http://127.0.0.1:{theirs_port}"}
+    peer = PEER_NAMES[args.peer]
+    urls = {"localspec": f"http://127.0.0.1:{ours_port}", peer: f"http://127.0.0.1:{theirs_port}"}
     rows = []
     for repeat in range(args.repeat):  # each repeat: both servers started afresh (localspec's history empty)
         rows += one_pass(args, urls, asked, questions[-1], repeat)
@@ -79,9 +85,9 @@ def main() -> None:
     lo, hi = median_interval(ratios)
     per_prompt = prompt_ratios(rows)
     ours_rate = statistics.median(r["localspec"] for r in rows)
-    theirs_rate = statistics.median(r["llama-server"] for r in rows)
+    theirs_rate = statistics.median(r[peer] for r in rows)
     setup = "serve's defaults" if args.serve_defaults else "1 slot, no history"
-    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter} ({setup}): median ratio "
+    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter} ({setup}) / {peer}: median ratio "
           f"{statistics.median(ratios):.3f} (90% interval of the median {lo:.3f}-{hi:.3f}; per pair "
           f"{min(ratios):.2f}-{max(ratios):.2f}); median tok/s {ours_rate:.2f} vs {theirs_rate:.2f}")
     for first in urls:
@@ -107,11 +113,15 @@ def one_pass(args, urls: dict[str, str], asked: list[tuple[str, str, str]], warm
     within each suite and is reversed from one repeat to the next, so each prompt of a repeated run is
     answered first by each server equally often."""
     ours_port, theirs_port = (int(url.rsplit(":", 1)[1]) for url in urls.values())
+    peer = list(urls)[1]
     rows = []
     ours = start_server(args.model, 1, ours_port, ["--drafter", args.drafter], defaults=args.serve_defaults)
     theirs = None
     try:
-        theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
+        if args.peer == "own":
+            theirs = start_server(args.model, 1, theirs_port, ["--drafter", args.drafter])
+        else:
+            theirs = start_llama_server(args.model, 1, theirs_port, args.peer_args.split())
         for name in urls:  # a first answer each, not counted (loads, first-use allocations)
             rate(urls[name], warm_up, 16)
         turns: dict[str, int] = {}  # each suite's pairs so far: the order alternates within every suite
@@ -122,13 +132,16 @@ def one_pass(args, urls: dict[str, str], asked: list[tuple[str, str, str]], warm
             got = {name: rate(urls[name], question, args.tokens, drafts if name == "localspec" else None)
                    for name in order}
             rows.append({"pair": i, "repeat": repeat, "suite": suite, "prompt": ident, "first": order[0], **got,
-                         "ratio": got["localspec"] / got["llama-server"], "drafts": drafts})
+                         "ratio": got["localspec"] / got[peer], "drafts": drafts})
             print(json.dumps(rows[-1]), flush=True)
-    finally:  # (ours too where llama-server failed to start)
+    finally:  # (ours too where the peer failed to start)
         for proc in (ours, theirs):
             if proc is not None:
                 stop(proc)
     return rows
+
+
+PEER_NAMES = {"llama-server": "llama-server", "own": "localspec 1 slot"}
 
 
 def asking_order(names: list[str], turn: int, repeat: int) -> list[str]:
