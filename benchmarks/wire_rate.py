@@ -36,6 +36,8 @@ from pathlib import Path
 from common import MORE_QUESTIONS, QUESTIONS, chat, cpu_flags, free_port, llama_server, median_interval, prompt_ratios, \
     start_llama_server, start_server, stop
 
+PEER_NAMES = {"llama-server": "llama-server", "own": "localspec 1 slot"}  # by --peer: the other server in rows
+
 
 def rate(url: str, question: str, tokens: int, drafts: dict | None = None) -> float:
     """Tokens per second after the first token, as the client sees them; `drafts` gets localspec's draft
@@ -87,8 +89,8 @@ def main() -> None:
     ours_rate = statistics.median(r["localspec"] for r in rows)
     theirs_rate = statistics.median(r[peer] for r in rows)
     setup = "serve's defaults" if args.serve_defaults else "1 slot, no history"
-    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter} ({setup}) / {peer}: median ratio "
-          f"{statistics.median(ratios):.3f} (90% interval of the median {lo:.3f}-{hi:.3f}; per pair "
+    print(f"\n{len(rows)} pairs, {args.tokens} tokens, localspec --drafter {args.drafter} ({setup}) / {peer}: "
+          f"median ratio {statistics.median(ratios):.3f} (90% interval of the median {lo:.3f}-{hi:.3f}; per pair "
           f"{min(ratios):.2f}-{max(ratios):.2f}); median tok/s {ours_rate:.2f} vs {theirs_rate:.2f}")
     for first in urls:
         sub = [r["ratio"] for r in rows if r["first"] == first]
@@ -139,9 +141,6 @@ def one_pass(args, urls: dict[str, str], asked: list[tuple[str, str, str]], warm
             if proc is not None:
                 stop(proc)
     return rows
-
-
-PEER_NAMES = {"llama-server": "llama-server", "own": "localspec 1 slot"}
 
 
 def asking_order(names: list[str], turn: int, repeat: int) -> list[str]:

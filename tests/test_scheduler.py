@@ -4,6 +4,7 @@ the rounds of a long answer instead of after it, and both answers are their solo
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import pytest
@@ -420,18 +421,19 @@ def test_events_cross_to_the_loop_without_the_engine_thread_waking_it():
     assert not woken and not scheduler._handoff.pumping
 
 
+class _Request:
+    """What a Job is to the hand-off (made on the loop that serves it)."""
+
+    def __init__(self) -> None:
+        self.box: collections.deque = collections.deque()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+
+
 def test_the_pump_sleeps_until_the_step_is_due(monkeypatch):
     """Through a step the pump does not poll every HANDOFF_S: it sleeps until the step's expected end
     (`Handoff.expect`, at most LONGEST_WAIT_S), then polls; an event left meanwhile reaches its queue."""
-    import collections
-
     from localspec.server import handoff as module
-
-    class Request:  # (what a Job is to the hand-off)
-        def __init__(self) -> None:
-            self.box: collections.deque = collections.deque()
-            self.events: asyncio.Queue = asyncio.Queue()
-            self.loop = asyncio.get_running_loop()
 
     sleeps: list[float] = []
     real_sleep = asyncio.sleep
@@ -442,7 +444,7 @@ def test_the_pump_sleeps_until_the_step_is_due(monkeypatch):
 
     async def scenario() -> list:
         handoff = module.Handoff()
-        request = Request()
+        request = _Request()
         monkeypatch.setattr(module.asyncio, "sleep", recorded)
         handoff.expect(module.LONGEST_WAIT_S)
         handoff.watch(request)
@@ -463,20 +465,12 @@ def test_the_pump_first_looks_a_little_past_the_steps_end(monkeypatch):
     """A step takes about what the one before took: the pump's first look comes PAST_DUE_S after the
     expected end, so that a step ending on time is collected by one wake-up, not a look too soon and a
     poll after it."""
-    import collections
-
     from localspec.server import handoff as module
 
     class Clock:  # (time stands still: the sleep asked for is the rule's alone)
         @staticmethod
         def monotonic() -> float:
             return 100.0
-
-    class Request:
-        def __init__(self) -> None:
-            self.box: collections.deque = collections.deque()
-            self.events: asyncio.Queue = asyncio.Queue()
-            self.loop = asyncio.get_running_loop()
 
     sleeps: list[float] = []
     real_sleep = asyncio.sleep
@@ -488,7 +482,7 @@ def test_the_pump_first_looks_a_little_past_the_steps_end(monkeypatch):
     async def scenario() -> None:
         monkeypatch.setattr(module, "time", Clock)
         monkeypatch.setattr(module.asyncio, "sleep", recorded)
-        handoff, request = module.Handoff(), Request()
+        handoff, request = module.Handoff(), _Request()
         handoff.expect(0.02)
         handoff.watch(request)
         while not sleeps:
